@@ -1,0 +1,27 @@
+// Storage: one device buffer shared by every tensor view of it, returned to its allocator when the last view dies.
+#pragma once
+
+#include <cstddef>
+
+#include "flowlet/core/device.hpp"
+#include "flowlet/core/ref.hpp"
+
+namespace flowlet {
+
+class Storage final : public RefCounted {
+ public:
+  // Allocates `bytes` on `device` through that device's caching allocator.
+  Storage(size_t bytes, Device device);
+  ~Storage();
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+  Device device_;
+};
+
+}  // namespace flowlet

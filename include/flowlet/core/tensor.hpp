@@ -1,0 +1,109 @@
+// Tensor: a cheap handle to (shape, strides, offset, dtype, storage). Copies share the storage.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "flowlet/core/device.hpp"
+#include "flowlet/core/dtype.hpp"
+#include "flowlet/core/error.hpp"
+#include "flowlet/core/ref.hpp"
+#include "flowlet/core/shape.hpp"
+#include "flowlet/core/storage.hpp"
+
+namespace flowlet {
+
+namespace detail {
+// The state behind a Tensor handle. Views share `storage` and differ in shape, strides and offset.
+struct TensorImpl final : RefCounted {
+  Shape shape;
+  Strides strides;
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::f32;
+  Ref<Storage> storage;
+};
+}  // namespace detail
+
+// Example:
+//   Tensor x = tensor({1.0f, 2.0f, 3.0f});
+//   Tensor y = x * 2.0f + 1.0f;        // runs now
+//   float first = y.to_vector<float>()[0];
+class Tensor {
+ public:
+  Tensor() = default;  // an empty handle; ops reject it with InvalidArgument
+  explicit Tensor(Ref<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // A new contiguous, uninitialized tensor.
+  static Tensor empty(const Shape& shape, DType dtype, Device device = Device());
+  // A view of `storage` (no copy). The caller guarantees the view stays inside the storage.
+  static Tensor view(Ref<Storage> storage, Shape shape, Strides strides, int64_t offset, DType dtype);
+
+  bool defined() const { return static_cast<bool>(impl_); }
+  const Shape& shape() const { return impl().shape; }
+  const Strides& strides() const { return impl().strides; }
+  int64_t offset() const { return impl().offset; }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage->device(); }
+  int64_t rank() const { return impl().shape.rank(); }
+  int64_t numel() const { return impl().shape.numel(); }
+  bool is_contiguous() const;
+  const Ref<Storage>& storage() const { return impl().storage; }
+
+  // Address of the first element (storage base + offset). For kernels and interop.
+  void* raw_data() const {
+    return static_cast<char*>(impl().storage->data()) + impl().offset * static_cast<int64_t>(dtype_size(dtype()));
+  }
+  // Typed address of the first element; DTypeError unless T matches the dtype.
+  template <Element T>
+  T* data() const {
+    check_element_type(dtype_of<T>, "data");
+    return static_cast<T*>(raw_data());
+  }
+
+  // The single element of a tensor with one element (any rank). DTypeError if T does not match.
+  template <Element T>
+  T item() const {
+    check_element_type(dtype_of<T>, "item");
+    check_single_element();
+    T value;
+    copy_to_host(&value, "item");
+    return value;
+  }
+  // Row-major copy of all elements. DTypeError if T does not match.
+  template <Element T>
+  std::vector<T> to_vector() const {
+    check_element_type(dtype_of<T>, "to_vector");
+    if constexpr (std::is_same_v<T, bool>) {  // std::vector<bool> packs bits: go through bytes
+      std::vector<uint8_t> bytes(static_cast<size_t>(numel()));
+      if (!bytes.empty()) copy_to_host(bytes.data(), "to_vector");
+      return std::vector<bool>(bytes.begin(), bytes.end());
+    } else {
+      std::vector<T> values(static_cast<size_t>(numel()));
+      if (!values.empty()) copy_to_host(values.data(), "to_vector");
+      return values;
+    }
+  }
+
+  Tensor to(Device device) const;
+  Tensor astype(DType dtype) const;
+  Tensor contiguous() const;  // itself when already contiguous, else a row-major copy
+
+  detail::TensorImpl* impl_ptr() const { return impl_.get(); }
+
+ private:
+  const detail::TensorImpl& impl() const {
+    if (!impl_) throw_undefined();
+    return *impl_;
+  }
+  [[noreturn]] static void throw_undefined();
+  void check_element_type(DType requested, const char* op) const;
+  void check_single_element() const;
+  void copy_to_host(void* destination, const char* op) const;  // row-major, all elements
+
+  Ref<detail::TensorImpl> impl_;
+};
+
+}  // namespace flowlet

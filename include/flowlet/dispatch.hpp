@@ -1,0 +1,28 @@
+// dispatch(): the one function every op call goes through. Today it runs the op eagerly; recording
+// into a trace and onto a gradient tape are decided here too, never in per-op code.
+#pragma once
+
+#include <initializer_list>
+#include <span>
+
+#include "flowlet/core/small_vector.hpp"
+#include "flowlet/op.hpp"
+
+namespace flowlet {
+
+// Validates the call (arity, defined inputs, one device), infers the outputs, allocates them and
+// runs the kernel for the inputs' device. Returns all outputs.
+std::vector<Tensor> dispatch_all(const Op& op, std::span<const Tensor> inputs, const void* attributes);
+
+// The same for ops with exactly one output (the common case, without a vector).
+Tensor dispatch(const Op& op, std::span<const Tensor> inputs, const void* attributes);
+
+template <class Attributes>
+Tensor dispatch(const Op& op, std::initializer_list<Tensor> inputs, const Attributes& attributes) {
+  return dispatch(op, std::span<const Tensor>(inputs.begin(), inputs.size()), &attributes);
+}
+inline Tensor dispatch(const Op& op, std::initializer_list<Tensor> inputs) {
+  return dispatch(op, std::span<const Tensor>(inputs.begin(), inputs.size()), nullptr);
+}
+
+}  // namespace flowlet

@@ -1,0 +1,76 @@
+// Op: the one definition of an operation (name, arity, flags, shape/dtype rule, kernels per device kind).
+//
+// Every caller (the eager dispatcher today; the tracer, gradient tapes, placement and the executor
+// later) reads the same Op value. Attributes are a plain struct per op, passed type-erased.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "flowlet/core/device.hpp"
+#include "flowlet/core/tensor.hpp"
+
+namespace flowlet {
+
+struct Op;
+
+// Shape and dtype of one output, as the op's rule infers it.
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+};
+
+inline constexpr int kMaxOutputs = 4;
+
+// What an op's rule infers: its outputs and the device it runs on (the inputs' device unless the
+// op creates tensors from attributes, like zeros).
+struct OutputSpec {
+  std::array<TensorMeta, kMaxOutputs> outputs;
+  int count = 1;
+  Device device;
+};
+
+// One invocation: the op, its inputs and its attribute struct.
+struct OpCall {
+  const Op& op;
+  std::span<const Tensor> inputs;
+  const void* attributes = nullptr;
+
+  template <class Attributes>
+  const Attributes& attrs() const {
+    return *static_cast<const Attributes*>(attributes);
+  }
+};
+
+// Checks the inputs and attributes (throwing the Error subclass that names the op and the problem)
+// and fills the output shapes and dtypes.
+using InferFn = void (*)(const OpCall& call, OutputSpec& spec);
+// Computes the outputs. They arrive allocated (contiguous, row-major) unless the op is a view.
+using KernelFn = void (*)(const OpCall& call, std::span<Tensor> outputs);
+
+enum OpFlags : uint32_t {
+  kNoFlags = 0,
+  kView = 1u << 0,         // outputs alias the input's storage; the kernel builds them itself
+  kStateful = 1u << 1,     // has effects beyond its outputs: never folded, deduplicated or pruned
+  kElementwise = 1u << 2,  // output element i depends only on input elements i (after broadcast)
+};
+
+struct Op {
+  std::string_view name;  // same as the public function
+  int min_inputs = 0;
+  int max_inputs = 0;     // -1: any number
+  uint32_t flags = kNoFlags;
+  InferFn infer = nullptr;
+  std::array<KernelFn, kNumDeviceKinds> kernels{};  // a device supports the op iff its kernel is set
+
+  bool has_flag(OpFlags flag) const { return (flags & flag) != 0; }
+};
+
+// Every op of the library, by name. Device backends add their kernels here at start-up.
+const std::vector<Op*>& all_ops();
+Op* find_op(std::string_view name);  // nullptr when unknown
+
+}  // namespace flowlet

@@ -1,0 +1,78 @@
+// The one dispatch path: check the call, infer outputs, allocate them, run the device's kernel.
+// Tracing and gradient tapes hook in here (later issues), never in per-op code.
+#include "flowlet/dispatch.hpp"
+
+#include <array>
+
+#include "core/check.hpp"
+
+namespace flowlet {
+namespace {
+
+std::string kernel_devices(const Op& op) {
+  std::string names;
+  for (int kind = 0; kind < kNumDeviceKinds; ++kind) {
+    if (!op.kernels[kind]) continue;
+    if (!names.empty()) names += ", ";
+    names += device_kind_name(static_cast<DeviceKind>(kind));
+  }
+  return names.empty() ? "none" : names;
+}
+
+// Runs `op` and leaves its outputs in `outputs`; returns how many there are.
+int run_op(const Op& op, std::span<const Tensor> inputs, const void* attributes,
+           std::array<Tensor, kMaxOutputs>& outputs) {
+  const auto count = static_cast<int>(inputs.size());
+  if (count < op.min_inputs || (op.max_inputs >= 0 && count > op.max_inputs)) {
+    if (op.min_inputs == op.max_inputs) {
+      detail::fail<InvalidArgument>("{}: expects {} inputs; got {}", op.name, op.min_inputs, count);
+    }
+    detail::fail<InvalidArgument>("{}: expects at least {} inputs; got {}", op.name, op.min_inputs, count);
+  }
+  OutputSpec spec;
+  for (int i = 0; i < count; ++i) {
+    if (!inputs[i].defined()) {
+      detail::fail<InvalidArgument>("{}: input {} is an empty Tensor handle; got Tensor()", op.name, i);
+    }
+    if (i == 0) {
+      spec.device = inputs[0].device();
+    } else if (inputs[i].device() != spec.device) {
+      detail::fail<DeviceError>("{}: inputs are on different devices; got input 0 on {} and input {} on {}",
+                                op.name, spec.device, i, inputs[i].device());
+    }
+  }
+  const OpCall call{op, inputs, attributes};
+  op.infer(call, spec);
+  check_device_exists(op.name, spec.device);
+  const KernelFn kernel = op.kernels[static_cast<int>(spec.device.kind())];
+  if (!kernel) {
+    detail::fail<DeviceError>("{}: no kernel for device {}; kernels exist for: {}", op.name, spec.device,
+                              kernel_devices(op));
+  }
+  if (!op.has_flag(kView)) {
+    for (int i = 0; i < spec.count; ++i) {
+      outputs[i] = Tensor::empty(spec.outputs[i].shape, spec.outputs[i].dtype, spec.device);
+    }
+  }
+  kernel(call, std::span<Tensor>(outputs.data(), static_cast<size_t>(spec.count)));
+  return spec.count;
+}
+
+}  // namespace
+
+std::vector<Tensor> dispatch_all(const Op& op, std::span<const Tensor> inputs, const void* attributes) {
+  std::array<Tensor, kMaxOutputs> outputs;
+  const int count = run_op(op, inputs, attributes, outputs);
+  return {outputs.begin(), outputs.begin() + count};
+}
+
+Tensor dispatch(const Op& op, std::span<const Tensor> inputs, const void* attributes) {
+  std::array<Tensor, kMaxOutputs> outputs;
+  const int count = run_op(op, inputs, attributes, outputs);
+  if (count != 1) {
+    detail::fail<InvalidArgument>("{}: has {} outputs; call dispatch_all", op.name, count);
+  }
+  return std::move(outputs[0]);
+}
+
+}  // namespace flowlet

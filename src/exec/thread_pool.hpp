@@ -1,0 +1,56 @@
+// The intra-op thread pool and parallel_for: large kernels split their index range over the cores.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace flowlet::detail {
+
+// A non-owning reference to a callable (no allocation, unlike std::function).
+template <class Signature>
+class FunctionRef;
+template <class R, class... Args>
+class FunctionRef<R(Args...)> {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, FunctionRef>)
+  FunctionRef(F& f) : object_(&f), call_([](void* o, Args... a) -> R { return (*static_cast<F*>(o))(a...); }) {}
+  R operator()(Args... args) const { return call_(object_, args...); }
+
+ private:
+  void* object_;
+  R (*call_)(void*, Args...);
+};
+
+// Threads that parallel_for uses (workers plus the calling thread). FLOWLET_NUM_THREADS overrides.
+int intra_op_threads();
+
+// Runs body(chunk) for every chunk in [0, chunks), the caller taking part. Rethrows the first
+// exception a chunk threw, after every chunk has finished.
+void run_chunks(int64_t chunks, FunctionRef<void(int64_t)> body);
+
+// Calls body(begin, end) over [0, n) in pieces of at least `grain` elements, in parallel when n is
+// large enough to pay for waking a thread. Nested calls from inside a worker run inline.
+template <class Body>
+void parallel_for(int64_t n, int64_t grain, Body&& body) {
+  if (n <= 0) return;
+  const int64_t threads = intra_op_threads();
+  int64_t chunks = grain > 0 ? (n + grain - 1) / grain : threads;
+  if (chunks > threads) chunks = threads;
+  if (chunks <= 1) {
+    body(int64_t{0}, n);
+    return;
+  }
+  auto run_one = [&](int64_t chunk) {
+    const int64_t begin = n * chunk / chunks;
+    const int64_t end = n * (chunk + 1) / chunks;
+    body(begin, end);
+  };
+  run_chunks(chunks, FunctionRef<void(int64_t)>(run_one));
+}
+
+// Elements above which an elementwise kernel splits its work across threads.
+inline constexpr int64_t kParallelGrain = 1 << 16;
+
+}  // namespace flowlet::detail

@@ -1,0 +1,266 @@
+// Elementwise ops: binary arithmetic, unary math, comparisons, where and cast. Each op is one
+// Op value: its dtype set and shape rule (broadcasting) and its CPU kernel (a functor run by the
+// elementwise engine). Integer arithmetic wraps (two's complement) instead of overflowing.
+#include "flowlet/ops/elementwise.hpp"
+
+#include <cmath>
+#include <type_traits>
+
+#include "flowlet/dispatch.hpp"
+#include "flowlet/ops/creation.hpp"
+#include "kernels/elementwise_loop.hpp"
+#include "ops/registry.hpp"
+
+namespace flowlet {
+namespace detail {
+namespace {
+
+// Two's-complement wrap for integer types; plain arithmetic for floating types.
+template <class T, class F>
+T wrapping(T a, T b, F f) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(f(static_cast<U>(a), static_cast<U>(b)));
+  } else {
+    return f(a, b);
+  }
+}
+
+struct Add { template <class T> T operator()(T a, T b) const { return wrapping(a, b, [](auto x, auto y) { return static_cast<decltype(x)>(x + y); }); } };
+struct Sub { template <class T> T operator()(T a, T b) const { return wrapping(a, b, [](auto x, auto y) { return static_cast<decltype(x)>(x - y); }); } };
+struct Mul { template <class T> T operator()(T a, T b) const { return wrapping(a, b, [](auto x, auto y) { return static_cast<decltype(x)>(x * y); }); } };
+struct Div {
+  template <class T>
+  T operator()(T a, T b) const {
+    if constexpr (std::is_integral_v<T>) {
+      if (b == 0) fail<InvalidArgument>("div: integer division by zero; got a zero divisor");
+      if constexpr (std::is_signed_v<T>) {
+        if (b == -1) return wrapping(T{0}, a, [](auto x, auto y) { return static_cast<decltype(x)>(x - y); });
+      }
+    }
+    return a / b;
+  }
+};
+struct Pow { template <class T> T operator()(T a, T b) const { return std::pow(a, b); } };
+// NaN wins, as in NumPy's maximum/minimum.
+struct Maximum { template <class T> T operator()(T a, T b) const { return (a > b || a != a) ? a : b; } };
+struct Minimum { template <class T> T operator()(T a, T b) const { return (a < b || a != a) ? a : b; } };
+
+struct Neg { template <class T> T operator()(T a) const { return wrapping(T{0}, a, [](auto x, auto y) { return static_cast<decltype(x)>(x - y); }); } };
+struct Abs {
+  template <class T>
+  T operator()(T a) const {
+    if constexpr (std::is_unsigned_v<T>) return a;
+    else return a < T{0} ? Neg{}(a) : a;
+  }
+};
+struct Square { template <class T> T operator()(T a) const { return Mul{}(a, a); } };
+struct Relu { template <class T> T operator()(T a) const { return a > T{0} ? a : T{0}; } };
+struct Exp { template <class T> T operator()(T a) const { return std::exp(a); } };
+struct Log { template <class T> T operator()(T a) const { return std::log(a); } };
+struct Sqrt { template <class T> T operator()(T a) const { return std::sqrt(a); } };
+struct Tanh { template <class T> T operator()(T a) const { return std::tanh(a); } };
+struct Sigmoid {  // never exponentiates a large positive number
+  template <class T>
+  T operator()(T a) const {
+    if (a >= T{0}) return T{1} / (T{1} + std::exp(-a));
+    const T e = std::exp(a);
+    return e / (T{1} + e);
+  }
+};
+
+struct Equal { template <class T> bool operator()(T a, T b) const { return a == b; } };
+struct NotEqual { template <class T> bool operator()(T a, T b) const { return a != b; } };
+struct Less { template <class T> bool operator()(T a, T b) const { return a < b; } };
+struct LessEqual { template <class T> bool operator()(T a, T b) const { return a <= b; } };
+struct Greater { template <class T> bool operator()(T a, T b) const { return a > b; } };
+struct GreaterEqual { template <class T> bool operator()(T a, T b) const { return a >= b; } };
+
+void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype()) {
+    fail<DTypeError>("{}: dtypes differ; got {} and {}; convert one with astype", op, a.dtype(), b.dtype());
+  }
+}
+
+// Binary ops: same dtype (from `Allowed`), broadcast shapes; the result has dtype `Result` or the inputs'.
+template <DTypeSet Allowed, bool Comparison>
+void binary_infer(const OpCall& call, OutputSpec& spec) {
+  const Tensor& a = call.inputs[0];
+  const Tensor& b = call.inputs[1];
+  check_same_dtype(call.op.name, a, b);
+  check_dtype(call.op.name, a.dtype(), Allowed);
+  spec.outputs[0] = {broadcast_shapes(call.op.name, a.shape(), b.shape()), Comparison ? b8 : a.dtype()};
+}
+
+template <class F, DTypeSet Allowed, bool Comparison>
+void binary_kernel(const OpCall& call, std::span<Tensor> out) {
+  const Tensor& a = call.inputs[0];
+  const Tensor& b = call.inputs[1];
+  visit_dtype<Allowed>(a.dtype(), [&]<class T>(TypeTag<T>) {
+    using Out = std::conditional_t<Comparison, bool, T>;
+    map_elements<Out, T, T>(out[0], {&a, &b}, F{});
+  });
+}
+
+template <class F, DTypeSet Allowed, bool Comparison = false>
+Op binary_op(std::string_view name) {
+  return Op{name, 2, 2, kElementwise, &binary_infer<Allowed, Comparison>,
+            {&binary_kernel<F, Allowed, Comparison>, nullptr}};
+}
+
+template <DTypeSet Allowed>
+void unary_infer(const OpCall& call, OutputSpec& spec) {
+  const Tensor& t = call.inputs[0];
+  check_dtype(call.op.name, t.dtype(), Allowed);
+  spec.outputs[0] = {t.shape(), t.dtype()};
+}
+
+template <class F, DTypeSet Allowed>
+void unary_kernel(const OpCall& call, std::span<Tensor> out) {
+  const Tensor& t = call.inputs[0];
+  visit_dtype<Allowed>(t.dtype(), [&]<class T>(TypeTag<T>) { map_elements<T, T>(out[0], {&t}, F{}); });
+}
+
+template <class F, DTypeSet Allowed>
+Op unary_op(std::string_view name) {
+  return Op{name, 1, 1, kElementwise, &unary_infer<Allowed>, {&unary_kernel<F, Allowed>, nullptr}};
+}
+
+void where_infer(const OpCall& call, OutputSpec& spec) {
+  const Tensor& condition = call.inputs[0];
+  const Tensor& a = call.inputs[1];
+  const Tensor& b = call.inputs[2];
+  if (condition.dtype() != b8) {
+    fail<DTypeError>("where: condition must be b8; got {}; compare with a tensor (a > b) to get one",
+                     condition.dtype());
+  }
+  check_same_dtype("where", a, b);
+  const Shape ab = broadcast_shapes("where", a.shape(), b.shape());
+  spec.outputs[0] = {broadcast_shapes("where", condition.shape(), ab), a.dtype()};
+}
+
+void where_kernel(const OpCall& call, std::span<Tensor> out) {
+  const Tensor& condition = call.inputs[0];
+  const Tensor& a = call.inputs[1];
+  const Tensor& b = call.inputs[2];
+  visit_dtype<kAll>(a.dtype(), [&]<class T>(TypeTag<T>) {
+    map_elements<T, bool, T, T>(out[0], {&condition, &a, &b}, [](bool c, auto x, auto y) { return c ? x : y; });
+  });
+}
+
+struct CastAttrs {
+  DType dtype;
+};
+
+void cast_infer(const OpCall& call, OutputSpec& spec) {
+  spec.outputs[0] = {call.inputs[0].shape(), call.attrs<CastAttrs>().dtype};
+}
+
+void cast_kernel(const OpCall& call, std::span<Tensor> out) {
+  const Tensor& t = call.inputs[0];
+  visit_dtype<kAll>(t.dtype(), [&]<class From>(TypeTag<From>) {
+    visit_dtype<kAll>(out[0].dtype(), [&]<class To>(TypeTag<To>) {
+      map_elements<To, From>(out[0], {&t}, [](auto x) { return x; });
+    });
+  });
+}
+
+constexpr DTypeSet kArithmetic = kNumbers;
+
+Op add_op = binary_op<Add, kArithmetic>("add");
+Op sub_op = binary_op<Sub, kArithmetic>("sub");
+Op mul_op = binary_op<Mul, kArithmetic>("mul");
+Op div_op = binary_op<Div, kArithmetic>("div");
+Op pow_op = binary_op<Pow, kFloating>("pow");
+Op maximum_op = binary_op<Maximum, kArithmetic>("maximum");
+Op minimum_op = binary_op<Minimum, kArithmetic>("minimum");
+Op neg_op = unary_op<Neg, kArithmetic>("neg");
+Op exp_op = unary_op<Exp, kFloating>("exp");
+Op log_op = unary_op<Log, kFloating>("log");
+Op sqrt_op = unary_op<Sqrt, kFloating>("sqrt");
+Op tanh_op = unary_op<Tanh, kFloating>("tanh");
+Op sigmoid_op = unary_op<Sigmoid, kFloating>("sigmoid");
+Op relu_op = unary_op<Relu, kArithmetic>("relu");
+Op abs_op = unary_op<Abs, kArithmetic>("abs");
+Op square_op = unary_op<Square, kArithmetic>("square");
+Op equal_op = binary_op<Equal, kAll, true>("equal");
+Op not_equal_op = binary_op<NotEqual, kAll, true>("not_equal");
+Op less_op = binary_op<Less, kAll, true>("less");
+Op less_equal_op = binary_op<LessEqual, kAll, true>("less_equal");
+Op greater_op = binary_op<Greater, kAll, true>("greater");
+Op greater_equal_op = binary_op<GreaterEqual, kAll, true>("greater_equal");
+Op where_op{"where", 3, 3, kElementwise, &where_infer, {&where_kernel, nullptr}};
+Op cast_op{"cast", 1, 1, kElementwise, &cast_infer, {&cast_kernel, nullptr}};
+
+}  // namespace
+
+void add_elementwise_ops(std::vector<Op*>& ops) {
+  ops.insert(ops.end(), {&add_op, &sub_op, &mul_op, &div_op, &pow_op, &maximum_op, &minimum_op, &neg_op,
+                         &exp_op, &log_op, &sqrt_op, &tanh_op, &sigmoid_op, &relu_op, &abs_op, &square_op,
+                         &equal_op, &not_equal_op, &less_op, &less_equal_op, &greater_op, &greater_equal_op,
+                         &where_op, &cast_op});
+}
+
+}  // namespace detail
+
+Tensor add(const Tensor& a, const Tensor& b) { return dispatch(detail::add_op, {a, b}); }
+Tensor sub(const Tensor& a, const Tensor& b) { return dispatch(detail::sub_op, {a, b}); }
+Tensor mul(const Tensor& a, const Tensor& b) { return dispatch(detail::mul_op, {a, b}); }
+Tensor div(const Tensor& a, const Tensor& b) { return dispatch(detail::div_op, {a, b}); }
+Tensor pow(const Tensor& a, const Tensor& b) { return dispatch(detail::pow_op, {a, b}); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return dispatch(detail::maximum_op, {a, b}); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return dispatch(detail::minimum_op, {a, b}); }
+Tensor neg(const Tensor& t) { return dispatch(detail::neg_op, {t}); }
+Tensor exp(const Tensor& t) { return dispatch(detail::exp_op, {t}); }
+Tensor log(const Tensor& t) { return dispatch(detail::log_op, {t}); }
+Tensor sqrt(const Tensor& t) { return dispatch(detail::sqrt_op, {t}); }
+Tensor tanh(const Tensor& t) { return dispatch(detail::tanh_op, {t}); }
+Tensor sigmoid(const Tensor& t) { return dispatch(detail::sigmoid_op, {t}); }
+Tensor relu(const Tensor& t) { return dispatch(detail::relu_op, {t}); }
+Tensor abs(const Tensor& t) { return dispatch(detail::abs_op, {t}); }
+Tensor square(const Tensor& t) { return dispatch(detail::square_op, {t}); }
+Tensor equal(const Tensor& a, const Tensor& b) { return dispatch(detail::equal_op, {a, b}); }
+Tensor not_equal(const Tensor& a, const Tensor& b) { return dispatch(detail::not_equal_op, {a, b}); }
+Tensor less(const Tensor& a, const Tensor& b) { return dispatch(detail::less_op, {a, b}); }
+Tensor less_equal(const Tensor& a, const Tensor& b) { return dispatch(detail::less_equal_op, {a, b}); }
+Tensor greater(const Tensor& a, const Tensor& b) { return dispatch(detail::greater_op, {a, b}); }
+Tensor greater_equal(const Tensor& a, const Tensor& b) { return dispatch(detail::greater_equal_op, {a, b}); }
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
+  return dispatch(detail::where_op, {condition, a, b});
+}
+Tensor cast(const Tensor& t, DType dtype) { return dispatch(detail::cast_op, {t}, detail::CastAttrs{dtype}); }
+
+Tensor scalar_like(const Tensor& like, double value, const char* op) {
+  const DType dt = like.dtype();
+  if (is_integral(dt) || dt == b8) {
+    if (value != std::trunc(value)) {
+      detail::fail<InvalidArgument>("{}: scalar is not representable in the tensor's dtype; got {} for a {} tensor",
+                                    op, value, dt);
+    }
+    // Doubles beyond int64 cannot be checked exactly below; reject them here.
+    if (!(std::abs(value) < 9.2e18)) {
+      detail::fail<InvalidArgument>("{}: scalar is not representable in the tensor's dtype; got {} for a {} tensor",
+                                    op, value, dt);
+    }
+    return scalar_like(like, static_cast<int64_t>(value), op);
+  }
+  if (dt != f64 && std::isfinite(value) && std::abs(value) > 3.4028234663852886e38) {
+    detail::fail<InvalidArgument>("{}: scalar overflows the tensor's dtype; got {} for a {} tensor", op, value, dt);
+  }
+  return full(Shape{}, value, dt, like.device());
+}
+
+Tensor scalar_like(const Tensor& like, int64_t value, const char* op) {
+  const DType dt = like.dtype();
+  auto out_of_range = [&](int64_t lo, int64_t hi) { return value < lo || value > hi; };
+  const bool bad = (dt == i32 && out_of_range(INT32_MIN, INT32_MAX)) || (dt == u8 && out_of_range(0, 255)) ||
+                   (dt == b8 && out_of_range(0, 1));
+  if (bad) {
+    detail::fail<InvalidArgument>("{}: scalar is not representable in the tensor's dtype; got {} for a {} tensor",
+                                  op, value, dt);
+  }
+  if (dt == i64) return scalar(value).to(like.device());  // exact beyond 2^53, where a double rounds
+  return full(Shape{}, static_cast<double>(value), dt, like.device());
+}
+
+}  // namespace flowlet

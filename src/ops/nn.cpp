@@ -1,0 +1,163 @@
+// Neural-network ops: one_hot, softmax, log_softmax and the fused softmax cross-entropy. The
+// softmax family is primitive (not composed) so that it subtracts the maximum in one pass and
+// stays finite for any finite logits.
+#include "flowlet/ops/nn.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "flowlet/dispatch.hpp"
+#include "kernels/elementwise_loop.hpp"
+#include "ops/registry.hpp"
+
+namespace flowlet {
+namespace detail {
+namespace {
+
+// Reads i32 or i64 indices as int64 (a contiguous copy).
+std::vector<int64_t> read_indices(const Tensor& indices) {
+  std::vector<int64_t> values(static_cast<size_t>(indices.numel()));
+  visit_dtype<bit(i32) | bit(i64)>(indices.dtype(), [&]<class T>(TypeTag<T>) {
+    const Tensor packed = indices.contiguous();
+    const T* data = static_cast<const T*>(packed.raw_data());
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int64_t>(data[i]);
+  });
+  return values;
+}
+
+struct OneHotAttrs {
+  int64_t depth;
+};
+
+void one_hot_infer(const OpCall& call, OutputSpec& spec) {
+  const Tensor& indices = call.inputs[0];
+  const int64_t depth = call.attrs<OneHotAttrs>().depth;
+  check_dtype("one_hot", indices.dtype(), bit(i32) | bit(i64));
+  if (depth < 0) fail<InvalidArgument>("one_hot: depth must be >= 0; got {}", depth);
+  Shape shape = indices.shape();
+  shape.push_back(depth);
+  check_shape("one_hot", shape);
+  spec.outputs[0] = {shape, f32};
+}
+
+void one_hot_kernel(const OpCall& call, std::span<Tensor> out) {
+  const int64_t depth = call.attrs<OneHotAttrs>().depth;
+  const auto index = read_indices(call.inputs[0]);
+  for (size_t i = 0; i < index.size(); ++i) {
+    if (index[i] < 0 || index[i] >= depth) {
+      fail<OutOfRange>("one_hot: index out of range [0, {}); got index {} at position {}", depth, index[i], i);
+    }
+  }
+  float* data = static_cast<float*>(out[0].raw_data());
+  std::memset(data, 0, static_cast<size_t>(out[0].numel()) * sizeof(float));
+  for (size_t i = 0; i < index.size(); ++i) data[static_cast<int64_t>(i) * depth + index[i]] = 1.0f;
+}
+
+struct AxisAttrs {
+  int64_t axis;
+};
+
+void softmax_infer(const OpCall& call, OutputSpec& spec) {
+  const Tensor& t = call.inputs[0];
+  check_dtype(call.op.name, t.dtype(), kFloatCompute);
+  normalize_axis(call.op.name, call.attrs<AxisAttrs>().axis, t.rank());
+  spec.outputs[0] = {t.shape(), t.dtype()};
+}
+
+// For each line along the axis: out = x - max - log(sum(exp(x - max))) (log form) or its exp.
+template <bool Log>
+void softmax_kernel(const OpCall& call, std::span<Tensor> out) {
+  const Tensor t = call.inputs[0].contiguous();
+  const auto axis = static_cast<size_t>(normalize_axis(call.op.name, call.attrs<AxisAttrs>().axis, t.rank()));
+  int64_t outer = 1, inner = 1;
+  const int64_t extent = t.shape()[axis];
+  for (size_t d = 0; d < axis; ++d) outer *= t.shape()[d];
+  for (size_t d = axis + 1; d < t.shape().size(); ++d) inner *= t.shape()[d];
+  visit_dtype<kFloatCompute>(t.dtype(), [&]<class T>(TypeTag<T>) {
+    const T* x = static_cast<const T*>(t.raw_data());
+    T* y = static_cast<T*>(out[0].raw_data());
+    parallel_for(outer * inner, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(extent, 1)),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t line = begin; line < end; ++line) {
+                     const int64_t start = (line / inner) * extent * inner + line % inner;
+                     const T* xs = x + start;
+                     T* ys = y + start;
+                     T top = -std::numeric_limits<T>::infinity();
+                     for (int64_t i = 0; i < extent; ++i) top = std::max(top, xs[i * inner]);
+                     double total = 0.0;
+                     for (int64_t i = 0; i < extent; ++i) total += std::exp(static_cast<double>(xs[i * inner] - top));
+                     const T log_total = static_cast<T>(std::log(total));
+                     for (int64_t i = 0; i < extent; ++i) {
+                       const T shifted = xs[i * inner] - top - log_total;
+                       ys[i * inner] = Log ? shifted : std::exp(shifted);
+                     }
+                   }
+                 });
+  });
+}
+
+void cross_entropy_infer(const OpCall& call, OutputSpec& spec) {
+  const Tensor& logits = call.inputs[0];
+  const Tensor& labels = call.inputs[1];
+  check_dtype("softmax_cross_entropy", logits.dtype(), kFloatCompute);
+  check_dtype("softmax_cross_entropy", labels.dtype(), bit(i32) | bit(i64));
+  if (logits.rank() != 2 || labels.rank() != 1 || labels.shape()[0] != logits.shape()[0]) {
+    fail<ShapeError>("softmax_cross_entropy: expects logits [N, C] and labels [N]; got logits {} and labels {}",
+                     logits.shape(), labels.shape());
+  }
+  spec.outputs[0] = {Shape{logits.shape()[0]}, logits.dtype()};
+}
+
+void cross_entropy_kernel(const OpCall& call, std::span<Tensor> out) {
+  const Tensor logits = call.inputs[0].contiguous();
+  const auto label = read_indices(call.inputs[1]);
+  const int64_t rows = logits.shape()[0], classes = logits.shape()[1];
+  for (size_t i = 0; i < label.size(); ++i) {
+    if (label[i] < 0 || label[i] >= classes) {
+      fail<OutOfRange>("softmax_cross_entropy: label out of range [0, {}); got label {} at position {}", classes,
+                       label[i], i);
+    }
+  }
+  visit_dtype<kFloatCompute>(logits.dtype(), [&]<class T>(TypeTag<T>) {
+    const T* x = static_cast<const T*>(logits.raw_data());
+    T* loss = static_cast<T*>(out[0].raw_data());
+    parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(classes, 1)),
+                 [&](int64_t begin, int64_t end) {
+                   for (int64_t r = begin; r < end; ++r) {
+                     const T* row = x + r * classes;
+                     T top = -std::numeric_limits<T>::infinity();
+                     for (int64_t c = 0; c < classes; ++c) top = std::max(top, row[c]);
+                     double total = 0.0;
+                     for (int64_t c = 0; c < classes; ++c) total += std::exp(static_cast<double>(row[c] - top));
+                     loss[r] = static_cast<T>(std::log(total) - static_cast<double>(row[label[r]] - top));
+                   }
+                 });
+  });
+}
+
+Op one_hot_op{"one_hot", 1, 1, kNoFlags, &one_hot_infer, {&one_hot_kernel, nullptr}};
+Op softmax_op{"softmax", 1, 1, kNoFlags, &softmax_infer, {&softmax_kernel<false>, nullptr}};
+Op log_softmax_op{"log_softmax", 1, 1, kNoFlags, &softmax_infer, {&softmax_kernel<true>, nullptr}};
+Op cross_entropy_op{"softmax_cross_entropy", 2, 2, kNoFlags, &cross_entropy_infer, {&cross_entropy_kernel, nullptr}};
+
+}  // namespace
+
+void add_nn_ops(std::vector<Op*>& ops) {
+  ops.insert(ops.end(), {&one_hot_op, &softmax_op, &log_softmax_op, &cross_entropy_op});
+}
+
+}  // namespace detail
+
+Tensor one_hot(const Tensor& indices, int64_t depth) {
+  return dispatch(detail::one_hot_op, {indices}, detail::OneHotAttrs{depth});
+}
+Tensor softmax(const Tensor& t, int64_t axis) { return dispatch(detail::softmax_op, {t}, detail::AxisAttrs{axis}); }
+Tensor log_softmax(const Tensor& t, int64_t axis) {
+  return dispatch(detail::log_softmax_op, {t}, detail::AxisAttrs{axis});
+}
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
+  return dispatch(detail::cross_entropy_op, {logits, labels});
+}
+
+}  // namespace flowlet

@@ -1,0 +1,311 @@
+// Reductions: sum and max over any axes (keepdims either way), argmax, and mean as a composite.
+//
+// The input is seen as [outer, reduced, inner]: when the reduced axes form one block of adjacent
+// dimensions no copy is made; otherwise they are moved last by one copy. Floating sums accumulate
+// in f64 over 16 lanes and over fixed chunks whose partial sums are added in order, so the result
+// is accurate and bit-identical whatever the thread count.
+#include "flowlet/ops/reduce.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "flowlet/dispatch.hpp"
+#include "flowlet/ops/elementwise.hpp"
+#include "flowlet/ops/shape.hpp"
+#include "kernels/elementwise_loop.hpp"
+#include "ops/registry.hpp"
+
+namespace flowlet {
+namespace detail {
+namespace {
+
+template <class T>
+struct SumPolicy {
+  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+  static Acc init() { return Acc{0}; }
+  static Acc step(Acc acc, T x) {
+    if constexpr (std::is_floating_point_v<T>) {
+      return acc + static_cast<double>(x);
+    } else {  // wraps instead of overflowing
+      return static_cast<int64_t>(static_cast<uint64_t>(acc) + static_cast<uint64_t>(static_cast<int64_t>(x)));
+    }
+  }
+  static Acc combine(Acc a, Acc b) {
+    if constexpr (std::is_floating_point_v<T>) return a + b;
+    else return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+  }
+};
+template <>
+struct SumPolicy<bool> {
+  using Acc = int64_t;
+  static Acc init() { return 0; }
+  static Acc step(Acc acc, bool x) { return acc + (x ? 1 : 0); }
+  static Acc combine(Acc a, Acc b) { return a + b; }
+};
+
+template <class T>
+struct MaxPolicy {
+  using Acc = T;
+  static Acc init() {
+    if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::infinity();
+    else return std::numeric_limits<T>::lowest();
+  }
+  static Acc step(Acc acc, T x) { return (x > acc || x != x) ? x : acc; }  // NaN wins and stays
+  static Acc combine(Acc a, Acc b) { return step(a, b); }
+};
+
+constexpr int64_t kLanes = 16;
+constexpr int64_t kChunk = 1 << 15;
+
+// Reduces a contiguous run of n elements with independent lanes (vectorizable).
+template <class P, class T>
+typename P::Acc reduce_run(const T* x, int64_t n) {
+  using Acc = typename P::Acc;
+  Acc lanes[kLanes];
+  std::fill(lanes, lanes + kLanes, P::init());
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] = P::step(lanes[j], x[i + j]);
+  }
+  Acc total = P::init();
+  for (int64_t j = 0; j < kLanes; ++j) total = P::combine(total, lanes[j]);
+  for (; i < n; ++i) total = P::step(total, x[i]);
+  return total;
+}
+
+// Reduces one contiguous row: fixed chunks, partials combined in order (deterministic).
+template <class P, class T>
+typename P::Acc reduce_row(const T* x, int64_t n, bool parallel) {
+  using Acc = typename P::Acc;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (chunks <= 1) return reduce_run<P>(x, n);
+  std::vector<Acc> partial(static_cast<size_t>(chunks));
+  auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      partial[c] = reduce_run<P>(x + c * kChunk, std::min(kChunk, n - c * kChunk));
+    }
+  };
+  if (parallel) parallel_for(chunks, 4, run);
+  else run(0, chunks);
+  Acc total = P::init();
+  for (Acc p : partial) total = P::combine(total, p);
+  return total;
+}
+
+struct ReduceAttrs {
+  std::vector<int64_t> axes;
+  bool keepdims;
+  bool all_axes;  // sum(t): every axis
+};
+
+// The reduced axes, sorted and checked (InvalidArgument on out-of-range or repeated axes).
+std::vector<int64_t> reduced_axes(std::string_view op, const Tensor& t, const ReduceAttrs& a) {
+  std::vector<int64_t> axes;
+  if (a.all_axes) {
+    for (int64_t d = 0; d < t.rank(); ++d) axes.push_back(d);
+    return axes;
+  }
+  for (int64_t axis : a.axes) axes.push_back(normalize_axis(op, axis, t.rank()));
+  std::sort(axes.begin(), axes.end());
+  if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) {
+    fail<InvalidArgument>("{}: axes repeat; got [{}]", op, fmt::join(a.axes, ", "));
+  }
+  return axes;
+}
+
+Shape reduced_shape(const Tensor& t, const std::vector<int64_t>& axes, bool keepdims) {
+  Shape shape;
+  for (int64_t d = 0; d < t.rank(); ++d) {
+    const bool reduced = std::binary_search(axes.begin(), axes.end(), d);
+    if (!reduced) shape.push_back(t.shape()[static_cast<size_t>(d)]);
+    else if (keepdims) shape.push_back(1);
+  }
+  return shape;
+}
+
+// The input as a contiguous [outer, reduced, inner] block.
+struct Blocked {
+  Tensor data;
+  int64_t outer = 1, reduced = 1, inner = 1;
+};
+
+Blocked block_input(const Tensor& t, const std::vector<int64_t>& axes) {
+  Blocked b;
+  const bool adjacent = axes.empty() || axes.back() - axes.front() + 1 == static_cast<int64_t>(axes.size());
+  if (adjacent) {
+    b.data = t.contiguous();
+    for (int64_t d = 0; d < t.rank(); ++d) {
+      const int64_t extent = t.shape()[static_cast<size_t>(d)];
+      if (!axes.empty() && d < axes.front()) b.outer *= extent;
+      else if (!axes.empty() && d <= axes.back()) b.reduced *= extent;
+      else b.inner *= extent;
+    }
+    if (axes.empty()) std::swap(b.outer, b.inner);  // nothing reduced: every element its own row
+    return b;
+  }
+  std::vector<int64_t> perm;
+  for (int64_t d = 0; d < t.rank(); ++d) {
+    if (!std::binary_search(axes.begin(), axes.end(), d)) {
+      perm.push_back(d);
+      b.outer *= t.shape()[static_cast<size_t>(d)];
+    }
+  }
+  for (int64_t d : axes) {
+    perm.push_back(d);
+    b.reduced *= t.shape()[static_cast<size_t>(d)];
+  }
+  b.data = permute(t, perm).contiguous();
+  return b;
+}
+
+// out[o, j] = reduce over r of x[o, r, j], written as dtype Out.
+template <class P, class T, class Out>
+void reduce_blocked(const Blocked& b, Out* out) {
+  using Acc = typename P::Acc;
+  const T* x = static_cast<const T*>(b.data.raw_data());
+  const int64_t outer = b.outer, reduced = b.reduced, inner = b.inner;
+  if (inner == 1) {
+    const bool parallel_rows = outer > 1 && reduced < kChunk * 2;
+    if (parallel_rows) {
+      parallel_for(outer, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(reduced, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t o = begin; o < end; ++o) out[o] = static_cast<Out>(reduce_row<P>(x + o * reduced, reduced, false));
+                   });
+    } else {
+      for (int64_t o = 0; o < outer; ++o) out[o] = static_cast<Out>(reduce_row<P>(x + o * reduced, reduced, true));
+    }
+    return;
+  }
+  parallel_for(outer * inner, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(reduced, 1)),
+               [&](int64_t begin, int64_t end) {
+                 // Columns [begin, end) of the flattened (outer, inner) output, one outer row at a time.
+                 std::vector<Acc> acc;
+                 for (int64_t start = begin; start < end;) {
+                   const int64_t o = start / inner;
+                   const int64_t j0 = start % inner;
+                   const int64_t j1 = std::min(inner, j0 + (end - start));
+                   acc.assign(static_cast<size_t>(j1 - j0), P::init());
+                   for (int64_t r = 0; r < reduced; ++r) {
+                     const T* row = x + (o * reduced + r) * inner;
+                     for (int64_t j = j0; j < j1; ++j) acc[j - j0] = P::step(acc[j - j0], row[j]);
+                   }
+                   for (int64_t j = j0; j < j1; ++j) out[o * inner + j] = static_cast<Out>(acc[j - j0]);
+                   start += j1 - j0;
+                 }
+               });
+}
+
+constexpr DTypeSet kSumTypes = kFloatCompute | kIntegers | bit(b8);
+constexpr DTypeSet kOrderTypes = kFloatCompute | kIntegers;
+
+template <const char* Name, DTypeSet Allowed>
+void reduce_infer(const OpCall& call, OutputSpec& spec) {
+  const Tensor& t = call.inputs[0];
+  const auto& a = call.attrs<ReduceAttrs>();
+  check_dtype(Name, t.dtype(), Allowed);
+  const auto axes = reduced_axes(Name, t, a);
+  if constexpr (Allowed == kOrderTypes) {
+    for (int64_t d : axes) {
+      if (t.shape()[static_cast<size_t>(d)] == 0) {
+        fail<InvalidArgument>("{}: cannot reduce a zero-size axis; got axis {} of shape {}", Name, d, t.shape());
+      }
+    }
+  }
+  const DType out = Allowed == kSumTypes && !is_floating(t.dtype()) ? i64 : t.dtype();
+  spec.outputs[0] = {reduced_shape(t, axes, a.keepdims), out};
+}
+
+template <template <class> class Policy, DTypeSet Allowed>
+void reduce_kernel(const OpCall& call, std::span<Tensor> out) {
+  const Tensor& t = call.inputs[0];
+  const Blocked b = block_input(t, reduced_axes(call.op.name, t, call.attrs<ReduceAttrs>()));
+  visit_dtype<Allowed>(t.dtype(), [&]<class T>(TypeTag<T>) {
+    using Acc = typename Policy<T>::Acc;
+    using Out = std::conditional_t<std::is_floating_point_v<T>, T, std::conditional_t<std::is_same_v<Acc, int64_t>, int64_t, T>>;
+    reduce_blocked<Policy<T>, T>(b, static_cast<Out*>(out[0].raw_data()));
+  });
+}
+
+struct ArgmaxAttrs {
+  int64_t axis;
+};
+
+void argmax_infer(const OpCall& call, OutputSpec& spec) {
+  const Tensor& t = call.inputs[0];
+  check_dtype("argmax", t.dtype(), kOrderTypes);
+  const int64_t axis = normalize_axis("argmax", call.attrs<ArgmaxAttrs>().axis, t.rank());
+  if (t.shape()[static_cast<size_t>(axis)] == 0) {
+    fail<InvalidArgument>("argmax: cannot reduce a zero-size axis; got axis {} of shape {}", axis, t.shape());
+  }
+  spec.outputs[0] = {reduced_shape(t, {axis}, false), i64};
+}
+
+void argmax_kernel(const OpCall& call, std::span<Tensor> out) {
+  const Tensor& t = call.inputs[0];
+  const int64_t axis = normalize_axis("argmax", call.attrs<ArgmaxAttrs>().axis, t.rank());
+  const Blocked b = block_input(t, {axis});
+  auto* result = static_cast<int64_t*>(out[0].raw_data());
+  visit_dtype<kOrderTypes>(t.dtype(), [&]<class T>(TypeTag<T>) {
+    const T* x = static_cast<const T*>(b.data.raw_data());
+    parallel_for(b.outer * b.inner, std::max<int64_t>(1, kParallelGrain / b.reduced), [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t o = k / b.inner, j = k % b.inner;
+        const T* column = x + o * b.reduced * b.inner + j;
+        int64_t best = 0;
+        for (int64_t r = 1; r < b.reduced; ++r) {
+          const T v = column[r * b.inner], m = column[best * b.inner];
+          if (m != m) break;  // a NaN is the maximum; keep the first
+          if (v > m || v != v) best = r;
+        }
+        result[k] = best;
+      }
+    });
+  });
+}
+
+constexpr char kSum[] = "sum";
+constexpr char kMax[] = "max";
+
+Op sum_op{"sum", 1, 1, kNoFlags, &reduce_infer<kSum, kSumTypes>, {&reduce_kernel<SumPolicy, kSumTypes>, nullptr}};
+Op max_op{"max", 1, 1, kNoFlags, &reduce_infer<kMax, kOrderTypes>, {&reduce_kernel<MaxPolicy, kOrderTypes>, nullptr}};
+Op argmax_op{"argmax", 1, 1, kNoFlags, &argmax_infer, {&argmax_kernel, nullptr}};
+
+}  // namespace
+
+void add_reduce_ops(std::vector<Op*>& ops) { ops.insert(ops.end(), {&sum_op, &max_op, &argmax_op}); }
+
+}  // namespace detail
+
+Tensor sum(const Tensor& t) { return dispatch(detail::sum_op, {t}, detail::ReduceAttrs{{}, false, true}); }
+Tensor sum(const Tensor& t, const std::vector<int64_t>& axes, bool keepdims) {
+  return dispatch(detail::sum_op, {t}, detail::ReduceAttrs{axes, keepdims, false});
+}
+Tensor max(const Tensor& t) { return dispatch(detail::max_op, {t}, detail::ReduceAttrs{{}, false, true}); }
+Tensor max(const Tensor& t, const std::vector<int64_t>& axes, bool keepdims) {
+  return dispatch(detail::max_op, {t}, detail::ReduceAttrs{axes, keepdims, false});
+}
+Tensor argmax(const Tensor& t, int64_t axis) { return dispatch(detail::argmax_op, {t}, detail::ArgmaxAttrs{axis}); }
+
+namespace {
+// mean = sum / count. Floating dtypes only: an integer mean would silently truncate.
+Tensor divide_by_count(const Tensor& t, const Tensor& total) {
+  const int64_t count = total.numel() == 0 ? 0 : t.numel() / total.numel();
+  return total / scalar_like(total, static_cast<double>(count), "mean");
+}
+void check_mean_dtype(const Tensor& t) {
+  if (!is_floating(t.dtype())) {
+    detail::fail<DTypeError>("mean: needs a floating dtype; got {}; convert with astype(f32)", t.dtype());
+  }
+}
+}  // namespace
+
+Tensor mean(const Tensor& t) {
+  check_mean_dtype(t);
+  return divide_by_count(t, sum(t));
+}
+Tensor mean(const Tensor& t, const std::vector<int64_t>& axes, bool keepdims) {
+  check_mean_dtype(t);
+  return divide_by_count(t, sum(t, axes, keepdims));
+}
+
+}  // namespace flowlet
