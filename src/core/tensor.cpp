@@ -17,7 +17,12 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   data_ = detail::cpu_allocate(bytes);
 }
 
-Storage::~Storage() { detail::cpu_deallocate(data_, bytes_); }
+Storage::Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> owner)
+    : data_(data), bytes_(bytes), device_(device), owner_(std::move(owner)) {}
+
+Storage::~Storage() {
+  if (!owner_) detail::cpu_deallocate(data_, bytes_);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   auto impl = make_ref<detail::TensorImpl>();

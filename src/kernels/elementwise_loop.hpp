@@ -110,9 +110,7 @@ struct StridedLoop {
 template <class Out, class... In, class F>
 void map_elements(const Tensor& out, const std::array<const Tensor*, sizeof...(In)>& inputs, F f) {
   constexpr size_t N = sizeof...(In) + 1;
-  const StridedLoop<N> loop(out, inputs);
-  if (loop.numel() == 0) return;
-  loop.run([&](const std::array<char*, N>& p, const std::array<int64_t, N>& s, int64_t count) {
+  auto row = [&](const std::array<char*, N>& p, const std::array<int64_t, N>& s, int64_t count) {
     auto* o = reinterpret_cast<Out*>(p[0]);
     bool all_unit = true;
     for (size_t k = 0; k < N; ++k) all_unit &= s[k] == 1;
@@ -147,7 +145,30 @@ void map_elements(const Tensor& out, const std::array<const Tensor*, sizeof...(I
         o[i * s[0]] = convert<Out>(f(convert<compute_t<In>>(reinterpret_cast<const In*>(p[K + 1])[i * s[K + 1]])...));
       }
     }(std::index_sequence_for<In...>{});
-  });
+  };
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  // Fast path (most calls): every operand contiguous and either full-size or a single element.
+  // Skips building the strided loop, which dominates the cost of small ops.
+  std::array<char*, N> base{static_cast<char*>(out.raw_data())};
+  std::array<int64_t, N> step{1};
+  bool simple = out.is_contiguous();
+  for (size_t k = 1; k < N && simple; ++k) {
+    const Tensor& t = *inputs[k - 1];
+    base[k] = static_cast<char*>(t.raw_data());
+    step[k] = t.numel() == n ? 1 : 0;
+    simple = (t.numel() == 1 || (t.shape() == out.shape() && t.is_contiguous()));
+  }
+  if (simple) {
+    constexpr std::array<size_t, N> sizes{sizeof(Out), sizeof(In)...};
+    parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
+      std::array<char*, N> p;
+      for (size_t k = 0; k < N; ++k) p[k] = base[k] + begin * step[k] * static_cast<int64_t>(sizes[k]);
+      row(p, step, end - begin);
+    });
+    return;
+  }
+  StridedLoop<N>(out, inputs).run(row);
 }
 
 }  // namespace flowlet::detail

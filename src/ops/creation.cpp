@@ -72,7 +72,7 @@ void arange_infer(const OpCall& call, OutputSpec& spec) {
   spec.device = a.device;
 }
 
-void arange_kernel(const OpCall& call, std::span<Tensor> out) {
+void arange_kernel(const OpCall&, std::span<Tensor> out) {
   if (out[0].dtype() == i64) {  // exact beyond 2^53
     fill_elements<bit(i64)>(out[0], [](int64_t i) { return i; });
   } else {

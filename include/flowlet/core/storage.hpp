@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "flowlet/core/device.hpp"
 #include "flowlet/core/ref.hpp"
@@ -12,6 +13,9 @@ class Storage final : public RefCounted {
  public:
   // Allocates `bytes` on `device` through that device's caching allocator.
   Storage(size_t bytes, Device device);
+  // Memory owned by someone else (an xtensor array, a mapped file): `owner` keeps it alive and
+  // is released with the last view.
+  Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> owner);
   ~Storage();
 
   void* data() const { return data_; }
@@ -22,6 +26,7 @@ class Storage final : public RefCounted {
   void* data_;
   size_t bytes_;
   Device device_;
+  std::shared_ptr<void> owner_;
 };
 
 }  // namespace flowlet
