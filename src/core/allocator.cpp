@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <utility>
 #include <vector>
 
 namespace flowlet::detail {
@@ -77,16 +78,33 @@ SharedPool& shared_pool() {
 
 struct ThreadCache {
   std::vector<void*> free_blocks[kNumClasses];
-  ~ThreadCache();
 };
-thread_local bool thread_cache_gone = false;  // trivially destructible: readable after ~ThreadCache
-thread_local ThreadCache thread_cache;
 
-ThreadCache::~ThreadCache() {
-  thread_cache_gone = true;
-  for (int cls = 0; cls < kNumClasses; ++cls) {
-    for (void* p : free_blocks[cls]) shared_pool().give(p, cls);
+// The fast path reads a plain pointer (initial-exec TLS: one instruction, no wrapper call). A
+// separate object with a destructor, touched once per thread, hands the blocks back at exit.
+[[gnu::tls_model("initial-exec")]] thread_local ThreadCache* thread_cache = nullptr;
+[[gnu::tls_model("initial-exec")]] thread_local bool thread_cache_gone = false;
+
+struct ThreadCacheReaper {
+  ~ThreadCacheReaper() {
+    thread_cache_gone = true;
+    ThreadCache* cache = std::exchange(thread_cache, nullptr);
+    if (!cache) return;
+    for (int cls = 0; cls < kNumClasses; ++cls) {
+      for (void* p : cache->free_blocks[cls]) shared_pool().give(p, cls);
+    }
+    delete cache;
   }
+};
+
+// This thread's cache, or nullptr once the thread is exiting.
+ThreadCache* local_cache() {
+  if (thread_cache) return thread_cache;
+  if (thread_cache_gone) return nullptr;
+  static thread_local ThreadCacheReaper reaper;
+  (void)reaper;
+  thread_cache = new ThreadCache;
+  return thread_cache;
 }
 
 }  // namespace
@@ -95,8 +113,9 @@ void* cpu_allocate(size_t bytes) {
   if (bytes > (size_t{1} << 52)) throw std::bad_alloc();  // beyond any machine; keeps classes in range
   const int cls = size_class(bytes);
   const size_t rounded = class_bytes(cls);
-  if (rounded <= kLargestThreadCached && !thread_cache_gone) {
-    auto& list = thread_cache.free_blocks[cls];
+  ThreadCache* cache = rounded <= kLargestThreadCached ? local_cache() : nullptr;
+  if (cache) {
+    auto& list = cache->free_blocks[cls];
     if (!list.empty()) {
       void* p = list.back();
       list.pop_back();
@@ -109,8 +128,9 @@ void* cpu_allocate(size_t bytes) {
 
 void cpu_deallocate(void* pointer, size_t bytes) {
   const int cls = size_class(bytes);
-  if (class_bytes(cls) <= kLargestThreadCached && !thread_cache_gone) {
-    auto& list = thread_cache.free_blocks[cls];
+  ThreadCache* cache = class_bytes(cls) <= kLargestThreadCached ? local_cache() : nullptr;
+  if (cache) {
+    auto& list = cache->free_blocks[cls];
     if (list.size() < kMaxBlocksPerThreadClass) {
       list.push_back(pointer);
       return;

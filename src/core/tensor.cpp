@@ -2,6 +2,8 @@
 #include "flowlet/core/tensor.hpp"
 
 #include <cstring>
+#include <new>
+#include <utility>
 
 #include "core/allocator.hpp"
 #include "core/check.hpp"
@@ -9,6 +11,62 @@
 #include "ops/internal.hpp"
 
 namespace flowlet {
+namespace {
+
+// A per-thread free list of fixed-size blocks for the small objects every op creates. The hot
+// path touches only trivially destructible initial-exec TLS; a reaper frees the list at thread exit.
+template <size_t BlockSize>
+class BlockPool {
+ public:
+  static void* take() {
+    if (head_) {
+      --count_;
+      return std::exchange(head_, head_->next);
+    }
+    return ::operator new(BlockSize);
+  }
+  static void give(void* pointer) {
+    if (gone_ || count_ >= kMaxBlocks) {
+      ::operator delete(pointer);
+      return;
+    }
+    if (!reaper_registered_) register_reaper();
+    ++count_;
+    head_ = new (pointer) Node{head_};
+  }
+
+ private:
+  struct Node {
+    Node* next;
+  };
+  struct Reaper {
+    ~Reaper() {
+      gone_ = true;
+      while (head_) ::operator delete(std::exchange(head_, head_->next));
+      count_ = 0;
+    }
+  };
+  static void register_reaper() {
+    static thread_local Reaper reaper;
+    (void)reaper;
+    reaper_registered_ = true;
+  }
+  static constexpr size_t kMaxBlocks = 4096;
+  [[gnu::tls_model("initial-exec")]] static inline thread_local Node* head_ = nullptr;
+  [[gnu::tls_model("initial-exec")]] static inline thread_local size_t count_ = 0;
+  [[gnu::tls_model("initial-exec")]] static inline thread_local bool gone_ = false;
+  [[gnu::tls_model("initial-exec")]] static inline thread_local bool reaper_registered_ = false;
+};
+
+using TensorImplPool = BlockPool<sizeof(detail::TensorImpl)>;
+using StoragePool = BlockPool<sizeof(Storage)>;
+
+}  // namespace
+
+void* detail::TensorImpl::operator new(size_t) { return TensorImplPool::take(); }
+void detail::TensorImpl::operator delete(void* pointer) { TensorImplPool::give(pointer); }
+void* Storage::operator new(size_t) { return StoragePool::take(); }
+void Storage::operator delete(void* pointer) { StoragePool::give(pointer); }
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (device.kind() != DeviceKind::cpu) {
@@ -28,6 +86,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   auto impl = make_ref<detail::TensorImpl>();
   impl->strides = contiguous_strides(shape);
   impl->shape = shape;
+  impl->numel = shape.numel();
   impl->dtype = dtype;
   impl->storage = make_ref<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
   return Tensor(std::move(impl));
@@ -35,6 +94,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::view(Ref<Storage> storage, Shape shape, Strides strides, int64_t offset, DType dtype) {
   auto impl = make_ref<detail::TensorImpl>();
+  impl->numel = shape.numel();
   impl->shape = std::move(shape);
   impl->strides = std::move(strides);
   impl->offset = offset;

@@ -14,6 +14,7 @@ std::string dtype_set_text(DTypeSet set) {
 }
 
 Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b) {
+  if (a == b) return a;
   const size_t rank = std::max(a.size(), b.size());
   Shape result;
   for (size_t i = 0; i < rank; ++i) {

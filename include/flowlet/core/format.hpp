@@ -11,7 +11,7 @@
 #include "flowlet/core/tensor.hpp"
 
 namespace flowlet {
-// "tensor([[1, 2], [3, 4]], shape=[2, 2], dtype=f32)"; large tensors show the first and last three
+// "tensor([[1, 2],\n        [3, 4]], shape=[2, 2], dtype=f32)" (one row per line); large tensors show the first and last three
 // entries of each dimension around "...".
 std::string to_string(const Tensor& t);
 }  // namespace flowlet

@@ -88,7 +88,7 @@ class SmallVector {
     size_ = count;
   }
 
-  T inline_[N] = {};
+  T inline_[N];  // uninitialized: only the first size_ entries are ever read
   std::unique_ptr<T[]> heap_;
   size_t size_ = 0;
   size_t capacity_ = N;

@@ -17,6 +17,8 @@ class Storage final : public RefCounted {
   // is released with the last view.
   Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> owner);
   ~Storage();
+  static void* operator new(size_t bytes);  // pooled per thread, like TensorImpl
+  static void operator delete(void* pointer);
 
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -19,7 +20,12 @@ namespace flowlet {
 namespace detail {
 // The state behind a Tensor handle. Views share `storage` and differ in shape, strides and offset.
 struct TensorImpl final : RefCounted {
+  // Pooled per thread: tensors are created and dropped at the rate of eager ops.
+  static void* operator new(size_t bytes);
+  static void operator delete(void* pointer);
+
   Shape shape;
+  int64_t numel = 0;  // shape.numel(), cached
   Strides strides;
   int64_t offset = 0;  // in elements
   DType dtype = DType::f32;
@@ -48,7 +54,7 @@ class Tensor {
   DType dtype() const { return impl().dtype; }
   Device device() const { return impl().storage->device(); }
   int64_t rank() const { return impl().shape.rank(); }
-  int64_t numel() const { return impl().shape.numel(); }
+  int64_t numel() const { return impl().numel; }
   bool is_contiguous() const;
   const Ref<Storage>& storage() const { return impl().storage; }
 
@@ -77,9 +83,10 @@ class Tensor {
   std::vector<T> to_vector() const {
     check_element_type(dtype_of<T>, "to_vector");
     if constexpr (std::is_same_v<T, bool>) {  // std::vector<bool> packs bits: go through bytes
-      std::vector<uint8_t> bytes(static_cast<size_t>(numel()));
-      if (!bytes.empty()) copy_to_host(bytes.data(), "to_vector");
-      return std::vector<bool>(bytes.begin(), bytes.end());
+      const auto count = static_cast<size_t>(numel());
+      const auto bytes = std::make_unique<uint8_t[]>(count);
+      if (count > 0) copy_to_host(bytes.get(), "to_vector");
+      return std::vector<bool>(bytes.get(), bytes.get() + count);
     } else {
       std::vector<T> values(static_cast<size_t>(numel()));
       if (!values.empty()) copy_to_host(values.data(), "to_vector");

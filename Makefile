@@ -1,0 +1,53 @@
+# Front door: installs missing Debian packages, then builds, tests, benchmarks and runs the demo.
+# Every target installs what it needs with scripts/install_deps.sh (apt, only when missing).
+
+DEPS := meson ninja-build pkg-config xtensor-dev xtl-dev libxsimd-dev libfmt-dev \
+        doctest-dev libopenblas-dev ccache g++ python3 gzip
+DEMO_PACKAGES :=
+BENCH_PACKAGES := libtorch-dev
+
+RELEASE := build/release
+RELEASE_OPTIONS := --buildtype=release -Db_ndebug=if-release
+SANITIZER_OPTIONS := -Db_lundef=false --buildtype=debugoptimized
+
+comma := ,
+# $(call configure,BUILD_DIR,SETUP_OPTIONS): `meson setup` once; later builds reconfigure themselves.
+configure = test -f $(1)/meson-private/coredata.dat || meson setup $(1) $(2)
+
+.DEFAULT_GOAL := build
+.PHONY: build deps test demo bench asan tsan clean
+
+deps:
+	@bash scripts/install_deps.sh $(DEPS)
+
+build: deps
+	@$(call configure,$(RELEASE),$(RELEASE_OPTIONS))
+	@meson compile -C $(RELEASE)
+
+test: deps
+	@$(call configure,$(RELEASE),$(RELEASE_OPTIONS))
+	@bash scripts/run_tests.sh $(RELEASE) 2
+
+demo: deps
+	@bash scripts/install_deps.sh $(DEMO_PACKAGES)
+	@$(call configure,$(RELEASE),$(RELEASE_OPTIONS))
+	@ninja -C $(RELEASE) examples/demo  # the demo alone; ninja reconfigures first when needed
+	@$(RELEASE)/examples/demo
+
+bench: deps
+	@bash scripts/install_deps.sh --optional $(BENCH_PACKAGES)
+	@$(call configure,build/bench,--buildtype=release -Dbenchmarks=enabled)
+	@meson compile -C build/bench
+	@bash scripts/run_benchmarks.sh build/bench
+
+asan: deps
+	@$(call configure,build/asan,-Db_sanitize=address$(comma)undefined $(SANITIZER_OPTIONS))
+	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  bash scripts/run_tests.sh build/asan 3
+
+tsan: deps
+	@$(call configure,build/tsan,-Db_sanitize=thread $(SANITIZER_OPTIONS))
+	@TSAN_OPTIONS=second_deadlock_stack=1 bash scripts/run_tests.sh build/tsan 5
+
+clean:
+	rm -rf build

@@ -1,0 +1,184 @@
+// Full reduction: sum over 16M f32. flowlet sum(t) against a hand-vectorized single-thread loop
+// (AVX-512, or AVX2 where the CPU lacks it; target >= 90 % of it) and libtorch at::sum, plus the
+// accuracy of each answer on 0.1f values (exact: 1677721.6).
+// GCC 12's AVX-512 intrinsics use a self-initialized "undefined" vector that trips -Wuninitialized
+// inside the header itself (GCC PR 105593); silence it for that header only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <string>
+
+#include <flowlet/flowlet.hpp>
+
+#include "../harness.hpp"
+#include "../torch_peer.hpp"
+
+namespace fl = flowlet;
+namespace bench = flowlet_bench;
+
+namespace {
+
+constexpr int64_t count = int64_t{1} << 24;  // 16M elements, 64 MiB
+constexpr double bytes_per_call = static_cast<double>(count) * sizeof(float);
+constexpr double reference_sum = 1677721.6;  // 16M x 0.1 as the user means it
+
+// Horizontal sum through memory, one loop for every vector width.
+template <class Lane, class Store, class Vector>
+double horizontal_sum(Store store, Vector vector) {
+  constexpr int lanes = sizeof(Vector) / sizeof(Lane);
+  alignas(64) Lane values[lanes];
+  store(values, vector);
+  double total = 0;
+  for (int i = 0; i < lanes; ++i) total += values[i];
+  return total;
+}
+
+// f32 accumulation in 8 independent vector registers (hides the add latency), as a user would write it.
+__attribute__((target("avx512f"), noinline)) float sum_avx512(const float* p, int64_t n) {
+  __m512 acc[8];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const int64_t main_end = n - n % 128;
+  for (int64_t i = 0; i < main_end; i += 128) {
+    for (int k = 0; k < 8; ++k) acc[k] = _mm512_add_ps(acc[k], _mm512_loadu_ps(p + i + 16 * k));
+  }
+  __m512 total = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])),
+                               _mm512_add_ps(_mm512_add_ps(acc[4], acc[5]), _mm512_add_ps(acc[6], acc[7])));
+  auto store = [](float* out, __m512 v) __attribute__((target("avx512f"))) { _mm512_store_ps(out, v); };
+  float result = static_cast<float>(horizontal_sum<float>(store, total));
+  for (int64_t i = main_end; i < n; ++i) result += p[i];
+  return result;
+}
+
+// The same with f64 accumulators: the accuracy flowlet promises, at twice the adds.
+__attribute__((target("avx512f"), noinline)) double sum_avx512_f64(const float* p, int64_t n) {
+  __m512d acc[8];
+  for (auto& a : acc) a = _mm512_setzero_pd();
+  const int64_t main_end = n - n % 64;
+  for (int64_t i = 0; i < main_end; i += 64) {
+    for (int k = 0; k < 8; ++k) acc[k] = _mm512_add_pd(acc[k], _mm512_cvtps_pd(_mm256_loadu_ps(p + i + 8 * k)));
+  }
+  __m512d total = _mm512_add_pd(_mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3])),
+                                _mm512_add_pd(_mm512_add_pd(acc[4], acc[5]), _mm512_add_pd(acc[6], acc[7])));
+  auto store = [](double* out, __m512d v) __attribute__((target("avx512f"))) { _mm512_store_pd(out, v); };
+  double result = horizontal_sum<double>(store, total);
+  for (int64_t i = main_end; i < n; ++i) result += p[i];
+  return result;
+}
+
+__attribute__((target("avx2"), noinline)) float sum_avx2(const float* p, int64_t n) {
+  __m256 acc[8];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  const int64_t main_end = n - n % 64;
+  for (int64_t i = 0; i < main_end; i += 64) {
+    for (int k = 0; k < 8; ++k) acc[k] = _mm256_add_ps(acc[k], _mm256_loadu_ps(p + i + 8 * k));
+  }
+  __m256 total = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])),
+                               _mm256_add_ps(_mm256_add_ps(acc[4], acc[5]), _mm256_add_ps(acc[6], acc[7])));
+  auto store = [](float* out, __m256 v) __attribute__((target("avx2"))) { _mm256_store_ps(out, v); };
+  float result = static_cast<float>(horizontal_sum<float>(store, total));
+  for (int64_t i = main_end; i < n; ++i) result += p[i];
+  return result;
+}
+
+__attribute__((target("avx2"), noinline)) double sum_avx2_f64(const float* p, int64_t n) {
+  __m256d acc[8];
+  for (auto& a : acc) a = _mm256_setzero_pd();
+  const int64_t main_end = n - n % 32;
+  for (int64_t i = 0; i < main_end; i += 32) {
+    for (int k = 0; k < 8; ++k) acc[k] = _mm256_add_pd(acc[k], _mm256_cvtps_pd(_mm_loadu_ps(p + i + 4 * k)));
+  }
+  __m256d total = _mm256_add_pd(_mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3])),
+                                _mm256_add_pd(_mm256_add_pd(acc[4], acc[5]), _mm256_add_pd(acc[6], acc[7])));
+  auto store = [](double* out, __m256d v) __attribute__((target("avx2"))) { _mm256_store_pd(out, v); };
+  double result = horizontal_sum<double>(store, total);
+  for (int64_t i = main_end; i < n; ++i) result += p[i];
+  return result;
+}
+
+constexpr double exact_input_sum = static_cast<double>(count) * static_cast<double>(0.1f);  // 1677721.625
+
+void print_accuracy(const std::string& name, double value, bool with_target = false) {
+  const double error = std::fabs(value - reference_sum) / reference_sum;
+  std::string target = with_target ? fmt::format("  (target <= 1e-6: {})", error <= 1e-6 ? "met" : "MISSED") : "";
+  fmt::print("   {:<26} {:>15.4f}  relative error {:.2e} vs 1677721.6, {:.2e} vs the inputs' exact sum{}\n", name,
+             value, error, std::fabs(value - exact_input_sum) / exact_input_sum, target);
+}
+
+void run_all() {
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  fmt::print("   hand loops use {}\n", avx512 ? "AVX-512" : avx2 ? "AVX2" : "plain C++ (no AVX2 on this CPU)");
+
+  fl::Tensor t = fl::full(fl::Shape{count}, 0.1, fl::f32);
+  const float* p = t.data<float>();
+  auto hand_f32 = [&](const float* data, int64_t n) -> double {
+    if (avx512) return sum_avx512(data, n);
+    if (avx2) return sum_avx2(data, n);
+    float total = 0;
+    for (int64_t i = 0; i < n; ++i) total += data[i];
+    return total;
+  };
+  auto hand_f64 = [&](const float* data, int64_t n) -> double {
+    if (avx512) return sum_avx512_f64(data, n);
+    if (avx2) return sum_avx2_f64(data, n);
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) total += data[i];
+    return total;
+  };
+  const std::string isa = avx512 ? "AVX-512" : avx2 ? "AVX2" : "scalar";
+
+  bench::Section section("sum 16M f32", bench::Metric::rate("GB/s", bytes_per_call / 1e9),
+                         "sum of all elements to a scalar; GB/s counts 64 MiB read per call");
+  bench::Result ours = section.run("flowlet sum(t)", [&] { bench::do_not_optimize(fl::sum(t)); });
+  bench::Result loop = section.run(isa + " loop f32 acc 1-thread", [&] {
+    double total = hand_f32(p, count);
+    bench::do_not_optimize(total);
+  });
+  bench::Result loop64 = section.run(isa + " loop f64 acc 1-thread", [&] {
+    double total = hand_f64(p, count);
+    bench::do_not_optimize(total);
+  });
+#ifdef FLOWLET_BENCH_HAVE_TORCH
+  at::NoGradGuard no_grad;
+  at::Tensor tt = at::from_blob(const_cast<float*>(p), {count}, at::kFloat);  // the same memory
+  bench::Result torch = section.run("libtorch at::sum", [&] { bench::do_not_optimize(at::sum(tt)); });
+#else
+  bench::Result torch = section.skip("libtorch at::sum");
+#endif
+  section.compare(ours, loop, bench::Target::at_least(0.90));
+  section.compare(ours, loop64, std::nullopt);
+  section.compare(ours, torch, std::nullopt);
+
+  fmt::print("\n-- accuracy: sum of 16M x 0.1f (exact 1677721.6; the f32 inputs 0.1f sum to exactly {:.3f})\n",
+             exact_input_sum);
+  try {
+    print_accuracy("flowlet sum(t)", fl::sum(t).item<float>(), /*with_target=*/true);
+  } catch (const std::exception& error) {
+    fmt::print("   flowlet sum(t) failed: {}\n", error.what());
+  }
+  print_accuracy(isa + " loop f32 acc", hand_f32(p, count));
+  print_accuracy(isa + " loop f64 acc", hand_f64(p, count));
+#ifdef FLOWLET_BENCH_HAVE_TORCH
+  print_accuracy("libtorch at::sum", at::sum(tt).item<float>());
+#else
+  fmt::print("   libtorch: not available\n");
+#endif
+}
+
+}  // namespace
+
+int main() {
+  bench::print_header("reduction (16M f32 sum)");
+  bench::print_torch_setup(/*use_all_threads=*/true);
+  try {
+    run_all();
+  } catch (const std::exception& error) {  // benchmarks never gate: report and exit 0
+    fmt::print("bench_reduce: stopped early: {}\n", error.what());
+  }
+  return 0;
+}

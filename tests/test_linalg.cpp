@@ -1,0 +1,191 @@
+// matmul: hand-worked products, a naive triple loop in double as reference, batched and broadcast
+// rank-3 operands, transposed and strided views, zero-size dimensions, and the declared errors.
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "support/reference.hpp"
+
+using test::check_op_throws;
+using test::check_tensor;
+using test::check_throws;
+using test::Host;
+
+namespace {
+
+// Checks a product against the double reference. Each element may be off by a few f32 (or f64)
+// roundings of the terms it sums, so the bound scales with sum_k |a_ik * b_kj|.
+bool check_product(const fl::Tensor& got, const fl::Tensor& a, const fl::Tensor& b,
+                   std::source_location loc = std::source_location::current()) {
+  const Host ha = test::host(a);
+  const Host hb = test::host(b);
+  const Host want = test::matmul_ref(ha, hb);
+  const Host magnitude = test::matmul_ref(test::unary_ref(ha, [](double x) { return std::abs(x); }),
+                                          test::unary_ref(hb, [](double x) { return std::abs(x); }));
+  const fl::DType dt = a.dtype();
+  if (!test::check_tensor(got, want.values, want.shape, dt, test::Tolerance{1e30, 1e30}, loc)) return false;
+  const std::vector<double> v = test::values(got);
+  const double eps = dt == fl::f64 ? 1e-13 : 4e-6;
+  std::vector<double> slack(v.size());
+  for (size_t i = 0; i < v.size(); ++i) slack[i] = std::abs(v[i] - want.values[i]) - eps * (magnitude.values[i] + 1.0);
+  size_t bad = 0;
+  for (double s : slack) bad += s > 0 ? 1 : 0;
+  if (bad > 0) {
+    size_t first = 0;
+    while (slack[first] <= 0) ++first;
+    ADD_FAIL_CHECK_AT(loc.file_name(), static_cast<int>(loc.line()),
+                      fmt::format("{} of {} products off; first [{}] got {} want {}", bad, v.size(), first, v[first],
+                                  want.values[first]));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("matmul of hand-worked matrices") {
+  const fl::Tensor a = fl::tensor(std::vector<float>{1, 2, 3, 4, 5, 6}, fl::Shape{2, 3});
+  const fl::Tensor b = fl::tensor(std::vector<float>{7, 8, 9, 10, 11, 12}, fl::Shape{3, 2});
+  check_tensor(fl::matmul(a, b), {58, 64, 139, 154}, fl::Shape{2, 2}, fl::f32);
+  check_tensor(fl::matmul(b, a), {39, 54, 69, 49, 68, 87, 59, 82, 105}, fl::Shape{3, 3}, fl::f32);
+  check_tensor(fl::matmul(a.astype(fl::f64), b.astype(fl::f64)), {58, 64, 139, 154}, fl::Shape{2, 2}, fl::f64);
+  // Outer and inner products as matrices.
+  const fl::Tensor col = fl::tensor(std::vector<double>{1, 2, 3}, fl::Shape{3, 1});
+  const fl::Tensor row = fl::tensor(std::vector<double>{4, 5, 6}, fl::Shape{1, 3});
+  check_tensor(fl::matmul(row, col), {32}, fl::Shape{1, 1}, fl::f64);
+  check_tensor(fl::matmul(col, row), {4, 5, 6, 8, 10, 12, 12, 15, 18}, fl::Shape{3, 3}, fl::f64);
+  // Identity leaves a matrix unchanged, exactly.
+  const fl::Tensor eye = fl::tensor(std::vector<float>{1, 0, 0, 0, 1, 0, 0, 0, 1}, fl::Shape{3, 3});
+  const fl::Tensor x = fl::randn(fl::Shape{3, 4}, 5);
+  check_tensor(fl::matmul(eye, x), test::values(x), fl::Shape{3, 4}, fl::f32, test::Tolerance{0, 0});
+}
+
+TEST_CASE("matmul matches a naive triple loop in double") {
+  struct Dims {
+    int64_t m, k, n;
+  };
+  int compared = 0;
+  uint64_t seed = 10;
+  for (fl::DType dt : test::kFloatDTypes) {
+    for (const Dims& d : {Dims{1, 1, 1}, Dims{3, 4, 5}, Dims{17, 33, 9}, Dims{64, 64, 64}, Dims{1, 100, 1},
+                          Dims{100, 1, 100}, Dims{129, 70, 31}, Dims{2, 300, 3}}) {
+      CAPTURE(dt);
+      CAPTURE(d.m);
+      CAPTURE(d.k);
+      CAPTURE(d.n);
+      const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
+      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      check_product(fl::matmul(a, b), a, b);
+      ++compared;
+    }
+  }
+  CHECK(compared == 16);
+}
+
+TEST_CASE("matmul of a 256-cube stays within f32 rounding of the double result") {
+  const fl::Tensor a = fl::randn(fl::Shape{256, 256}, 1);
+  const fl::Tensor b = fl::randn(fl::Shape{256, 256}, 2);
+  check_product(fl::matmul(a, b), a, b);
+}
+
+TEST_CASE("rank-3 matmul multiplies each batch and broadcasts a rank-2 operand") {
+  // Hand-worked: batch 0 is the identity, batch 1 doubles.
+  const fl::Tensor a = fl::tensor(std::vector<float>{1, 0, 0, 1, 2, 0, 0, 2}, fl::Shape{2, 2, 2});
+  const fl::Tensor b = fl::tensor(std::vector<float>{1, 2, 3, 4}, fl::Shape{2, 2});
+  check_tensor(fl::matmul(a, b), {1, 2, 3, 4, 2, 4, 6, 8}, fl::Shape{2, 2, 2}, fl::f32);
+  check_tensor(fl::matmul(b, a), {1, 2, 3, 4, 2, 4, 6, 8}, fl::Shape{2, 2, 2}, fl::f32);
+  int compared = 0;
+  uint64_t seed = 100;
+  for (fl::DType dt : test::kFloatDTypes) {
+    CAPTURE(dt);
+    const fl::Tensor x = fl::randn(fl::Shape{4, 3, 5}, seed++, dt);
+    const fl::Tensor y = fl::randn(fl::Shape{4, 5, 2}, seed++, dt);
+    const fl::Tensor w = fl::randn(fl::Shape{5, 2}, seed++, dt);
+    const fl::Tensor v = fl::randn(fl::Shape{3, 5}, seed++, dt);
+    compared += check_product(fl::matmul(x, y), x, y) ? 1 : 0;
+    compared += check_product(fl::matmul(x, w), x, w) ? 1 : 0;  // [4,3,5] x [5,2]
+    compared += check_product(fl::matmul(v, y), v, y) ? 1 : 0;  // [3,5] x [4,5,2]
+    const fl::Tensor one = fl::randn(fl::Shape{1, 7, 3}, seed++, dt);
+    const fl::Tensor other = fl::randn(fl::Shape{1, 3, 2}, seed++, dt);
+    compared += check_product(fl::matmul(one, other), one, other) ? 1 : 0;
+  }
+  CHECK(compared == 8);
+}
+
+TEST_CASE("matmul accepts transposed, permuted and strided views") {
+  int compared = 0;
+  uint64_t seed = 200;
+  for (fl::DType dt : test::kFloatDTypes) {
+    CAPTURE(dt);
+    const fl::Tensor a = fl::randn(fl::Shape{6, 4}, seed++, dt);  // used as a^T: [4, 6]
+    const fl::Tensor b = fl::randn(fl::Shape{5, 6}, seed++, dt);  // used as b^T: [6, 5]
+    const fl::Tensor at = fl::transpose(a);
+    const fl::Tensor bt = fl::transpose(b);
+    const fl::Tensor at_copy = test::make(test::values(at), fl::Shape{4, 6}, dt);
+    const fl::Tensor bt_copy = test::make(test::values(bt), fl::Shape{6, 5}, dt);
+    compared += check_product(fl::matmul(at, bt), at_copy, bt_copy) ? 1 : 0;
+    compared += check_product(fl::matmul(at, bt_copy), at_copy, bt_copy) ? 1 : 0;
+    compared += check_product(fl::matmul(at_copy, bt), at_copy, bt_copy) ? 1 : 0;
+    compared += check_product(fl::matmul(test::strided_view(at_copy), test::strided_view(bt_copy)), at_copy, bt_copy) ? 1 : 0;
+    // a a^T through a view of the same storage.
+    compared += check_product(fl::matmul(a, fl::transpose(a)), a, test::make(test::values(at), fl::Shape{4, 6}, dt)) ? 1 : 0;
+    // Batched operands with their last two dimensions swapped by permute.
+    const fl::Tensor x = fl::randn(fl::Shape{3, 5, 4}, seed++, dt);  // viewed as [3, 4, 5]
+    const fl::Tensor y = fl::randn(fl::Shape{3, 5, 2}, seed++, dt);
+    const fl::Tensor xp = fl::permute(x, {0, 2, 1});
+    const fl::Tensor xp_copy = test::make(test::values(xp), fl::Shape{3, 4, 5}, dt);
+    compared += check_product(fl::matmul(xp, y), xp_copy, y) ? 1 : 0;
+    compared += check_product(fl::matmul(test::permuted_view(xp_copy), test::strided_view(y)), xp_copy, y) ? 1 : 0;
+    // The batch dimension moved to the middle and back.
+    const fl::Tensor z = fl::randn(fl::Shape{4, 3, 5}, seed++, dt);
+    const fl::Tensor zp = fl::permute(z, {1, 0, 2});  // [3, 4, 5]
+    compared += check_product(fl::matmul(zp, y), test::make(test::values(zp), fl::Shape{3, 4, 5}, dt), y) ? 1 : 0;
+  }
+  CHECK(compared == 16);
+}
+
+TEST_CASE("matmul with a zero-size dimension") {
+  for (fl::DType dt : test::kFloatDTypes) {
+    CAPTURE(dt);
+    // k = 0: a sum over nothing, zeros.
+    check_tensor(fl::matmul(fl::zeros(fl::Shape{3, 0}, dt), fl::zeros(fl::Shape{0, 4}, dt)), std::vector<double>(12, 0.0),
+                 fl::Shape{3, 4}, dt);
+    check_tensor(fl::matmul(fl::ones(fl::Shape{2, 2, 0}, dt), fl::ones(fl::Shape{2, 0, 3}, dt)),
+                 std::vector<double>(12, 0.0), fl::Shape{2, 2, 3}, dt);
+    // m or n or the batch = 0: empty results.
+    check_tensor(fl::matmul(fl::ones(fl::Shape{0, 3}, dt), fl::ones(fl::Shape{3, 4}, dt)), {}, fl::Shape{0, 4}, dt);
+    check_tensor(fl::matmul(fl::ones(fl::Shape{2, 3}, dt), fl::ones(fl::Shape{3, 0}, dt)), {}, fl::Shape{2, 0}, dt);
+    check_tensor(fl::matmul(fl::ones(fl::Shape{0, 2, 3}, dt), fl::ones(fl::Shape{0, 3, 4}, dt)), {}, fl::Shape{0, 2, 4}, dt);
+    check_tensor(fl::matmul(fl::ones(fl::Shape{0, 2, 3}, dt), fl::ones(fl::Shape{3, 4}, dt)), {}, fl::Shape{0, 2, 4}, dt);
+  }
+}
+
+TEST_CASE("matmul rejects mismatched shapes with ShapeError naming both") {
+  const fl::Tensor a = fl::zeros(fl::Shape{2, 3});
+  const fl::Tensor b = fl::zeros(fl::Shape{4, 5});
+  check_throws<fl::ShapeError>([&] { (void)fl::matmul(a, b); },
+                               {"matmul: inner dimensions differ; got a [2, 3] and b [4, 5]"});
+  check_op_throws<fl::ShapeError>("matmul", [] { (void)fl::matmul(fl::zeros(fl::Shape{2, 3, 4}), fl::zeros(fl::Shape{2, 5, 6})); },
+                                  {"[2, 3, 4]", "[2, 5, 6]"});
+  // Batch sizes differ.
+  check_op_throws<fl::ShapeError>("matmul", [] { (void)fl::matmul(fl::zeros(fl::Shape{2, 3, 4}), fl::zeros(fl::Shape{3, 4, 5})); },
+                                  {"[2, 3, 4]", "[3, 4, 5]"});
+  // Ranks other than 2 and 3.
+  check_op_throws<fl::ShapeError>("matmul", [] { (void)fl::matmul(fl::zeros(fl::Shape{3}), fl::zeros(fl::Shape{3})); }, {"[3]"});
+  check_op_throws<fl::ShapeError>("matmul", [] { (void)fl::matmul(fl::zeros(fl::Shape{2, 3}), fl::zeros(fl::Shape{3})); }, {"[3]"});
+  check_op_throws<fl::ShapeError>("matmul", [] { (void)fl::matmul(fl::scalar(1.0f), fl::scalar(1.0f)); });
+  check_op_throws<fl::ShapeError>("matmul", [] { (void)fl::matmul(fl::zeros(fl::Shape{1, 2, 3, 4}), fl::zeros(fl::Shape{1, 2, 4, 3})); },
+                                  {"[1, 2, 3, 4]"});
+}
+
+TEST_CASE("matmul rejects integer, half and mixed dtypes with DTypeError") {
+  for (fl::DType dt : {fl::i32, fl::i64, fl::u8, fl::b8, fl::f16, fl::bf16}) {
+    CAPTURE(dt);
+    const std::string name(fl::dtype_name(dt));
+    check_op_throws<fl::DTypeError>("matmul", [&] { (void)fl::matmul(fl::ones(fl::Shape{2, 2}, dt), fl::ones(fl::Shape{2, 2}, dt)); },
+                                    {name});
+  }
+  check_op_throws<fl::DTypeError>("matmul", [] { (void)fl::matmul(fl::ones(fl::Shape{2, 2}), fl::ones(fl::Shape{2, 2}, fl::f64)); },
+                                  {"f32", "f64"});
+}
