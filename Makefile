@@ -36,7 +36,7 @@ demo: deps
 
 bench: deps
 	@bash scripts/install_deps.sh --optional $(BENCH_PACKAGES)
-	@$(call configure,build/bench,--buildtype=release -Dbenchmarks=enabled)
+	@$(call configure,build/bench,--buildtype=release -Dbenchmarks=enabled -Dtests=false)
 	@meson compile -C build/bench
 	@bash scripts/run_benchmarks.sh build/bench
 

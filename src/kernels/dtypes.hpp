@@ -55,6 +55,18 @@ decltype(auto) visit_dtype(DType dt, F&& f) {
   fail<DTypeError>("internal: kernel reached with unsupported dtype {}", dt);
 }
 
+// Calls f(TypeTag<U>{}) with U the unsigned integer of dt's size: for kernels that move bits
+// without arithmetic (copies, selection), one instantiation per size serves every dtype.
+template <class F>
+decltype(auto) visit_bits(DType dt, F&& f) {
+  switch (dtype_size(dt)) {
+    case 1: return f(TypeTag<uint8_t>{});
+    case 2: return f(TypeTag<uint16_t>{});
+    case 4: return f(TypeTag<uint32_t>{});
+    default: return f(TypeTag<uint64_t>{});
+  }
+}
+
 // The type arithmetic on T runs in: float for the 16-bit storage types, T otherwise.
 template <class T>
 using compute_t = std::conditional_t<std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>, float, T>;

@@ -82,7 +82,34 @@ void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b) {
   }
 }
 
-// Binary ops: same dtype (from `Allowed`), broadcast shapes; the result has dtype `Result` or the inputs'.
+// dst = src converted to dst's dtype; both contiguous and of one shape.
+void cast_contiguous(const Tensor& src, const Tensor& dst) {
+  visit_dtype<kAll>(src.dtype(), [&]<class From>(TypeTag<From>) {
+    visit_dtype<kAll>(dst.dtype(), [&]<class To>(TypeTag<To>) {
+      const From* in = static_cast<const From*>(src.raw_data());
+      To* out = static_cast<To*>(dst.raw_data());
+      parallel_for(src.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) out[i] = convert<To>(in[i]);
+      });
+    });
+  });
+}
+
+constexpr bool is_half(DType dt) { return dt == f16 || dt == bf16; }
+
+// f16 and bf16 are storage types: an op on them runs its f32 kernel on upcast copies and rounds
+// the result back once, so their kernels are never instantiated.
+void run_upcast(const OpCall& call, std::span<Tensor> out, KernelFn kernel) {
+  std::vector<Tensor> upcast;
+  for (const Tensor& t : call.inputs) upcast.push_back(is_half(t.dtype()) ? cast(t, f32) : t);
+  const bool store_back = is_half(out[0].dtype());
+  Tensor result = store_back ? Tensor::empty(out[0].shape(), f32, out[0].device()) : out[0];
+  const OpCall f32_call{call.op, upcast, call.attributes};
+  kernel(f32_call, std::span<Tensor>(&result, 1));
+  if (store_back) cast_contiguous(result, out[0]);
+}
+
+// Binary ops: same dtype (from `Allowed`), broadcast shapes; comparisons give b8.
 template <DTypeSet Allowed, bool Comparison>
 void binary_infer(const OpCall& call, OutputSpec& spec) {
   const Tensor& a = call.inputs[0];
@@ -96,7 +123,8 @@ template <class F, DTypeSet Allowed, bool Comparison>
 void binary_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
-  visit_dtype<Allowed>(a.dtype(), [&]<class T>(TypeTag<T>) {
+  if (is_half(a.dtype())) return run_upcast(call, out, &binary_kernel<F, Allowed, Comparison>);
+  visit_dtype<Allowed & ~kHalves>(a.dtype(), [&]<class T>(TypeTag<T>) {
     using Out = std::conditional_t<Comparison, bool, T>;
     map_elements<Out, T, T>(out[0], {&a, &b}, F{});
   });
@@ -118,7 +146,8 @@ void unary_infer(const OpCall& call, OutputSpec& spec) {
 template <class F, DTypeSet Allowed>
 void unary_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor& t = call.inputs[0];
-  visit_dtype<Allowed>(t.dtype(), [&]<class T>(TypeTag<T>) { map_elements<T, T>(out[0], {&t}, F{}); });
+  if (is_half(t.dtype())) return run_upcast(call, out, &unary_kernel<F, Allowed>);
+  visit_dtype<Allowed & ~kHalves>(t.dtype(), [&]<class T>(TypeTag<T>) { map_elements<T, T>(out[0], {&t}, F{}); });
 }
 
 template <class F, DTypeSet Allowed>
@@ -139,12 +168,13 @@ void where_infer(const OpCall& call, OutputSpec& spec) {
   spec.outputs[0] = {broadcast_shapes("where", condition.shape(), ab), a.dtype()};
 }
 
+// Selection moves bits, so it runs on same-size unsigned integers whatever the dtype.
 void where_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor& condition = call.inputs[0];
   const Tensor& a = call.inputs[1];
   const Tensor& b = call.inputs[2];
-  visit_dtype<kAll>(a.dtype(), [&]<class T>(TypeTag<T>) {
-    map_elements<T, bool, T, T>(out[0], {&condition, &a, &b}, [](bool c, auto x, auto y) { return c ? x : y; });
+  visit_bits(a.dtype(), [&]<class T>(TypeTag<T>) {
+    map_elements<T, bool, T, T>(out[0], {&condition, &a, &b}, [](bool c, T x, T y) { return c ? x : y; });
   });
 }
 
@@ -157,12 +187,7 @@ void cast_infer(const OpCall& call, OutputSpec& spec) {
 }
 
 void cast_kernel(const OpCall& call, std::span<Tensor> out) {
-  const Tensor& t = call.inputs[0];
-  visit_dtype<kAll>(t.dtype(), [&]<class From>(TypeTag<From>) {
-    visit_dtype<kAll>(out[0].dtype(), [&]<class To>(TypeTag<To>) {
-      map_elements<To, From>(out[0], {&t}, [](auto x) { return x; });
-    });
-  });
+  cast_contiguous(call.inputs[0].contiguous(), out[0]);
 }
 
 constexpr DTypeSet kArithmetic = kNumbers;

@@ -14,11 +14,10 @@ namespace flowlet {
 namespace detail {
 namespace {
 
-// dst (any strides, dst's shape) = src broadcast to dst's shape; both of one dtype.
+// dst (any strides, dst's shape) = src broadcast to dst's shape; both of one dtype. Copies bits,
+// so one loop per element size serves every dtype.
 void copy_elements(const Tensor& dst, const Tensor& src) {
-  visit_dtype<kAll>(src.dtype(), [&]<class T>(TypeTag<T>) {
-    map_elements<T, T>(dst, {&src}, [](auto x) { return x; });
-  });
+  visit_bits(src.dtype(), [&]<class T>(TypeTag<T>) { map_elements<T, T>(dst, {&src}, [](T x) { return x; }); });
 }
 
 struct ReshapeAttrs {
