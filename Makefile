@@ -8,7 +8,8 @@ BENCH_PACKAGES := libtorch-dev
 
 RELEASE := build/release
 RELEASE_OPTIONS := --buildtype=release -Db_ndebug=if-release
-SANITIZER_OPTIONS := -Db_lundef=false --buildtype=debugoptimized
+# -O1: sanitizer instrumentation at -O2 makes the kernel files several times slower to compile.
+SANITIZER_OPTIONS := -Db_lundef=false --buildtype=plain -Doptimization=1 -Ddebug=true
 
 comma := ,
 # $(call configure,BUILD_DIR,SETUP_OPTIONS): `meson setup` once; later builds reconfigure themselves.
