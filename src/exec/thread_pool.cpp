@@ -4,6 +4,7 @@
 #include "exec/thread_pool.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -23,6 +24,7 @@ struct Job {
 
   FunctionRef<void(int64_t)> body;
   int64_t chunks;
+  uint64_t sequence = 0;   // set under the pool mutex; tells jobs apart even at one stack address
   std::atomic<int64_t> next{0};
   int active_workers = 0;  // guarded by the pool mutex
   std::exception_ptr error;  // guarded by the pool mutex
@@ -58,13 +60,13 @@ class ThreadPool {
   void run(Job& job) {
     {
       std::lock_guard lock(mutex_);
+      job.sequence = ++jobs_started_;
       queue_.push_back(&job);
     }
     wake_workers_.notify_all();
     std::exception_ptr error = job.work();
     std::unique_lock lock(mutex_);
     queue_.erase(std::find(queue_.begin(), queue_.end(), &job));
-    wake_workers_.notify_all();  // idle workers waiting for this job to retire
     job_done_.wait(lock, [&] { return job.active_workers == 0; });
     if (!error) error = job.error;
     if (error) std::rethrow_exception(error);
@@ -73,14 +75,14 @@ class ThreadPool {
  private:
   void worker_loop() {
     inside_worker = true;
+    uint64_t exhausted = 0;  // sequence of the last job this worker found with nothing left
     std::unique_lock lock(mutex_);
     for (;;) {
-      wake_workers_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      wake_workers_.wait(lock, [&] { return stopping_ || (!queue_.empty() && queue_.front()->sequence != exhausted); });
       if (stopping_) return;
       Job* job = queue_.front();
       if (job->next.load(std::memory_order_relaxed) >= job->chunks) {
-        // Nothing left to take: let the caller retire it; wait for a new job.
-        wake_workers_.wait(lock, [&] { return stopping_ || queue_.empty() || queue_.front() != job; });
+        exhausted = job->sequence;  // let its caller retire it; wait for another
         continue;
       }
       ++job->active_workers;
@@ -97,6 +99,7 @@ class ThreadPool {
   std::condition_variable job_done_;
   std::deque<Job*> queue_;
   bool stopping_ = false;
+  uint64_t jobs_started_ = 0;
   std::vector<std::thread> workers_;
 };
 
