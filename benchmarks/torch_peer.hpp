@@ -2,11 +2,15 @@
 // and a one-line description of the libtorch a run measured (or "libtorch: not available").
 #pragma once
 
+#include <exception>
+
 #include <algorithm>
 #include <string>
 #include <thread>
 
 #include <fmt/core.h>
+
+#include "harness.hpp"
 
 #ifdef FLOWLET_BENCH_HAVE_TORCH
 #include <ATen/ATen.h>
@@ -53,5 +57,19 @@ inline constexpr bool have_torch = false;
 
 inline void print_torch_setup(bool /*use_all_threads*/) { fmt::print("   libtorch: not available\n"); }
 #endif
+
+// The body of every benchmark's main(): header, peer setup, then `run_all`. A failure is reported
+// and the program still exits 0, because benchmarks never gate.
+template <class RunAll>
+int run_benchmark(const char* program, const char* title, bool torch_uses_all_threads, RunAll run_all) {
+  print_header(title);
+  print_torch_setup(torch_uses_all_threads);
+  try {
+    run_all();
+  } catch (const std::exception& error) {
+    fmt::print("{}: stopped early: {}\n", program, error.what());
+  }
+  return 0;
+}
 
 }  // namespace flowlet_bench

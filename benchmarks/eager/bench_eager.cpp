@@ -148,12 +148,5 @@ void run_all() {
 }  // namespace
 
 int main() {
-  bench::print_header("eager per-op overhead (f32, a new tensor per call)");
-  bench::print_torch_setup(/*use_all_threads=*/false);
-  try {
-    run_all();
-  } catch (const std::exception& error) {  // benchmarks never gate: report and exit 0
-    fmt::print("bench_eager: stopped early: {}\n", error.what());
-  }
-  return 0;
+  return bench::run_benchmark("bench_eager", "eager per-op overhead (f32, a new tensor per call)", /*torch_uses_all_threads=*/false, run_all);
 }

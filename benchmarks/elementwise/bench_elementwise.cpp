@@ -136,12 +136,5 @@ void run_all() {
 }  // namespace
 
 int main() {
-  bench::print_header("elementwise bandwidth (16M f32 add)");
-  bench::print_torch_setup(/*use_all_threads=*/true);
-  try {
-    run_all();
-  } catch (const std::exception& error) {  // benchmarks never gate: report and exit 0
-    fmt::print("bench_elementwise: stopped early: {}\n", error.what());
-  }
-  return 0;
+  return bench::run_benchmark("bench_elementwise", "elementwise bandwidth (16M f32 add)", /*torch_uses_all_threads=*/true, run_all);
 }

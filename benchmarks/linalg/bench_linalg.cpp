@@ -77,12 +77,5 @@ void run_all() {
 
 int main() {
   print_openblas();
-  bench::print_header("linalg (f32 matmul 1024)");
-  bench::print_torch_setup(/*use_all_threads=*/true);
-  try {
-    run_all();
-  } catch (const std::exception& error) {  // benchmarks never gate: report and exit 0
-    fmt::print("bench_linalg: stopped early: {}\n", error.what());
-  }
-  return 0;
+  return bench::run_benchmark("bench_linalg", "linalg (f32 matmul 1024)", /*torch_uses_all_threads=*/true, run_all);
 }

@@ -173,12 +173,5 @@ void run_all() {
 }  // namespace
 
 int main() {
-  bench::print_header("reduction (16M f32 sum)");
-  bench::print_torch_setup(/*use_all_threads=*/true);
-  try {
-    run_all();
-  } catch (const std::exception& error) {  // benchmarks never gate: report and exit 0
-    fmt::print("bench_reduce: stopped early: {}\n", error.what());
-  }
-  return 0;
+  return bench::run_benchmark("bench_reduce", "reduction (16M f32 sum)", /*torch_uses_all_threads=*/true, run_all);
 }
