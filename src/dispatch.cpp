@@ -5,6 +5,7 @@
 #include <array>
 
 #include "core/check.hpp"
+#include "flowlet/autodiff.hpp"
 
 namespace flowlet {
 namespace {
@@ -55,6 +56,9 @@ int run_op(const Op& op, std::span<const Tensor> inputs, const void* attributes,
     }
   }
   kernel(call, std::span<Tensor>(outputs.data(), static_cast<size_t>(spec.count)));
+  if (detail::any_tape_active()) {
+    detail::record_on_tapes(op, inputs, attributes, std::span<const Tensor>(outputs.data(), static_cast<size_t>(spec.count)));
+  }
   return spec.count;
 }
 

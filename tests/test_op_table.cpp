@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <set>
 #include <string>
@@ -196,6 +197,51 @@ fl::Tensor max_all(const fl::Tensor& t) { return fl::max(t); }
 fl::Tensor max_some(const fl::Tensor& t, const std::vector<int64_t>& axes, bool keepdims) { return fl::max(t, axes, keepdims); }
 
 const std::vector<std::vector<int64_t>> kPerms = {{2, 0, 1}, {0, 2, 1}, {1, 0}, {0, 1, 2}, {}, {0}};
+
+// slice variants, picked by Case::arg: {axis, start, length}.
+struct SliceSpec {
+  int64_t axis, start, length;
+};
+const std::vector<SliceSpec> kSliceSpecs = {
+    {0, 1, 2}, {1, 0, 3}, {-1, 2, 2}, {2, 0, 4}, {0, 0, 0}, {1, 3, 0}, {0, 0, 5}, {-2, 1, 1},
+};
+
+// Naive slice: elements [start, start + length) along axis.
+Host slice_ref(const Host& x, const SliceSpec& spec) {
+  const auto axis = static_cast<size_t>(spec.axis < 0 ? spec.axis + static_cast<int64_t>(x.shape.size()) : spec.axis);
+  fl::Shape out_shape = x.shape;
+  out_shape[axis] = spec.length;
+  Host out{{}, out_shape};
+  for (int64_t flat = 0; flat < out_shape.numel(); ++flat) {
+    std::vector<int64_t> index = test::unravel(flat, out_shape);
+    index[axis] += spec.start;
+    out.values.push_back(x.values[static_cast<size_t>(test::ravel(index, x.shape))]);
+  }
+  return out;
+}
+
+// scatter_add variants, picked by Case::arg: the row count and the index dtype.
+struct ScatterSpec {
+  int64_t rows;
+  fl::DType index_dtype;
+};
+const std::vector<ScatterSpec> kScatterSpecs = {
+    {3, fl::i64}, {4, fl::i32}, {2, fl::i64}, {5, fl::i32}, {0, fl::i64}, {3, fl::i64}, {1, fl::i32},
+};
+
+// Naive scatter_add: zeros [rows, updates.shape[indices.rank():]...], updates[i] added at row indices[i].
+Host scatter_add_ref(const Host& indices, const Host& updates, int64_t rows) {
+  fl::Shape out_shape{rows};
+  for (size_t k = indices.shape.size(); k < updates.shape.size(); ++k) out_shape.push_back(updates.shape[k]);
+  const int64_t row = rows == 0 ? 0 : out_shape.numel() / rows;
+  Host out{std::vector<double>(static_cast<size_t>(out_shape.numel()), 0.0), out_shape};
+  for (size_t i = 0; i < indices.values.size(); ++i) {
+    const auto r = static_cast<int64_t>(indices.values[i]);
+    for (int64_t j = 0; j < row; ++j)
+      out.values[static_cast<size_t>(r * row + j)] += updates.values[static_cast<size_t>(static_cast<int64_t>(i) * row + j)];
+  }
+  return out;
+}
 
 // Reshape targets (Case::shapes[1]) and what a -1 resolves to.
 fl::Shape resolve(const fl::Shape& target, int64_t numel) {
@@ -532,6 +578,77 @@ std::vector<Row> build_table() {
         error<fl::OutOfRange>("index past the end", [p] { (void)fl::gather(p, fl::tensor({int64_t{0}, int64_t{7}})); }, {"7"}),
         error<fl::OutOfRange>("negative index", [p] { (void)fl::gather(p, fl::tensor({-1})); }, {"-1"}),
         error<fl::DTypeError>("float indices", [p] { (void)fl::gather(p, fl::zeros(fl::Shape{2})); }, {"f32"}),
+    };
+    rows.push_back(std::move(row));
+  }
+
+  // slice: Case::arg indexes kSliceSpecs.
+  {
+    Row row;
+    row.name = "slice";
+    row.dtypes = test::kAllDTypes;
+    row.cases = {{{{3, 4, 5}}, 0}, {{{3, 4, 5}}, 1}, {{{3, 4, 5}}, 2}, {{{3, 4, 5}}, 3}, {{{3, 4, 5}}, 4},
+                 {{{2, 3}}, 5},    {{{5}}, 6},       {{{4, 2}}, 7},    {{{0, 3}}, 5},    {{{6}}, 0}};
+    row.make = random_inputs({N});
+    row.run = [](const Inputs& in, const Case& c, fl::DType) {
+      const SliceSpec& s = kSliceSpecs[static_cast<size_t>(c.arg)];
+      return fl::slice(in[0], s.axis, s.start, s.length);
+    };
+    row.reference = [](const std::vector<Host>& h, const Case& c, fl::DType dt) -> std::optional<Expected> {
+      return Expected{slice_ref(h[0], kSliceSpecs[static_cast<size_t>(c.arg)]), dt};
+    };
+    const fl::Tensor t = fl::zeros(fl::Shape{3, 4});
+    row.errors = {
+        error<fl::OutOfRange>("range past the end", [t] { (void)fl::slice(t, 1, 2, 3); }, {"[3, 4]"}),
+        error<fl::OutOfRange>("negative start", [t] { (void)fl::slice(t, 0, -1, 2); }, {"[3, 4]"}),
+        error<fl::OutOfRange>("negative length", [t] { (void)fl::slice(t, 0, 1, -1); }, {"[3, 4]"}),
+        error<fl::OutOfRange>("start past the end", [t] { (void)fl::slice(t, 0, 4, 0); }, {"[3, 4]"}),
+        error<fl::OutOfRange>("huge length", [t] { (void)fl::slice(t, 0, 1, std::numeric_limits<int64_t>::max()); }),
+        error<fl::ShapeError>("rank 0", [] { (void)fl::slice(fl::scalar(1.0f), 0, 0, 1); }, {"[]"}),
+        error<fl::InvalidArgument>("axis out of range", [t] { (void)fl::slice(t, 2, 0, 1); }, {"2"}),
+        error<fl::InvalidArgument>("negative axis out of range", [t] { (void)fl::slice(t, -3, 0, 1); }, {"-3"}),
+    };
+    rows.push_back(std::move(row));
+  }
+
+  // scatter_add: Case::shapes = {indices, updates}; Case::arg indexes kScatterSpecs (rows, index
+  // dtype). More indices than rows, so repeated indices accumulate.
+  {
+    Row row;
+    row.name = "scatter_add";
+    row.dtypes = {fl::f32, fl::f64, fl::i32, fl::i64, fl::u8};
+    row.cases = {{{{6}, {6, 2}}, 0},    {{{2, 3}, {2, 3, 2}}, 1}, {{{5}, {5}}, 2},   {{{}, {3}}, 3},
+                 {{{0}, {0, 4}}, 4},    {{{4}, {4, 0}}, 5},       {{{3}, {3, 2, 2}}, 6}};
+    row.make = [](const Case& c, fl::DType dt, uint64_t seed) {
+      const ScatterSpec& s = kScatterSpecs[static_cast<size_t>(c.arg)];
+      return Inputs{random_indices(c.shapes[0], std::max<int64_t>(s.rows, 1), seed, s.index_dtype),
+                    test::random_tensor(c.shapes[1], seed + 1, dt)};
+    };
+    row.run = [](const Inputs& in, const Case& c, fl::DType) {
+      return fl::scatter_add(in[0], in[1], kScatterSpecs[static_cast<size_t>(c.arg)].rows);
+    };
+    row.reference = [](const std::vector<Host>& h, const Case& c, fl::DType dt) -> std::optional<Expected> {
+      return Expected{scatter_add_ref(h[0], h[1], kScatterSpecs[static_cast<size_t>(c.arg)].rows), dt};
+    };
+    row.tolerance = test::Tolerance{2e-5, 2e-6};  // f32 sums of up to six values
+    const fl::Tensor idx = fl::tensor({int64_t{0}, int64_t{2}});
+    const fl::Tensor upd = fl::zeros(fl::Shape{2, 3});
+    row.errors = {
+        error<fl::OutOfRange>("index past the end", [upd] { (void)fl::scatter_add(fl::tensor({int64_t{0}, int64_t{7}}), upd, 3); },
+                              {"7"}),
+        error<fl::OutOfRange>("negative index", [upd] { (void)fl::scatter_add(fl::tensor({0, -1}), upd, 3); }, {"-1"}),
+        error<fl::DTypeError>("float indices", [upd] { (void)fl::scatter_add(fl::zeros(fl::Shape{2}), upd, 3); }, {"f32"}),
+        error<fl::DTypeError>("u8 indices", [upd] { (void)fl::scatter_add(fl::zeros(fl::Shape{2}, fl::u8), upd, 3); }, {"u8"}),
+        error<fl::DTypeError>("b8 updates", [idx] { (void)fl::scatter_add(idx, fl::zeros(fl::Shape{2, 3}, fl::b8), 3); },
+                              {"b8"}),
+        error<fl::DTypeError>("f16 updates", [idx] { (void)fl::scatter_add(idx, fl::zeros(fl::Shape{2, 3}, fl::f16), 3); },
+                              {"f16"}),
+        error<fl::InvalidArgument>("negative rows", [idx, upd] { (void)fl::scatter_add(idx, upd, -1); }, {"-1"}),
+        error<fl::ShapeError>("updates do not start with the indices' shape",
+                              [idx] { (void)fl::scatter_add(idx, fl::zeros(fl::Shape{3, 2}), 3); }, {"[2]", "[3, 2]"}),
+        error<fl::ShapeError>("updates of lower rank than indices",
+                              [] { (void)fl::scatter_add(fl::zeros(fl::Shape{2, 2}, fl::i64), fl::zeros(fl::Shape{2}), 3); },
+                              {"[2, 2]", "[2]"}),
     };
     rows.push_back(std::move(row));
   }
@@ -930,4 +1047,31 @@ TEST_CASE("every op rejects an empty Tensor handle in any input position with In
     }
   }
   CHECK(checked >= 36);
+}
+
+// Regression: scatter_add's output shape [rows, updates.shape[indices.rank():]...] is checked for
+// an element count that overflows int64 (it once returned [2^50, 2^20] over an empty buffer).
+TEST_CASE("scatter_add: an output whose element count overflows int64 throws ShapeError") {
+  const fl::Tensor index = fl::tensor({int64_t{0}});
+  test::check_op_throws<fl::ShapeError>(
+      "scatter_add", [&] { (void)fl::scatter_add(index, fl::zeros(fl::Shape{1, int64_t{1} << 20}), int64_t{1} << 50); });
+  test::check_op_throws<fl::ShapeError>(
+      "scatter_add", [&] { (void)fl::scatter_add(index, fl::zeros(fl::Shape{1, 4}), std::numeric_limits<int64_t>::max()); });
+}
+
+// Regression: slice's OutOfRange message once computed start + length, which overflows int64
+// (undefined behaviour) for a huge start or length.
+TEST_CASE("slice: a huge start or length throws OutOfRange with a message that does not wrap around") {
+  const fl::Tensor t = fl::zeros(fl::Shape{3, 4});
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  for (const auto& [start, length] : std::vector<std::pair<int64_t, int64_t>>{{1, big}, {big, 1}}) {
+    CAPTURE(start);
+    CAPTURE(length);
+    try {
+      (void)fl::slice(t, 0, start, length);
+      FAIL_CHECK("nothing thrown");
+    } catch (const fl::OutOfRange& e) {
+      CHECK(std::string(e.what()).find("-9223372036854775808") == std::string::npos);
+    }
+  }
 }

@@ -1,6 +1,8 @@
 // The umbrella header: every public name of flowlet. Light on purpose: no xtensor, no kernels.
 #pragma once
 
+#include "flowlet/autodiff.hpp"
+#include "flowlet/checkpoint.hpp"
 #include "flowlet/core/device.hpp"
 #include "flowlet/core/dtype.hpp"
 #include "flowlet/core/error.hpp"
@@ -8,7 +10,9 @@
 #include "flowlet/core/half.hpp"
 #include "flowlet/core/shape.hpp"
 #include "flowlet/core/tensor.hpp"
+#include "flowlet/data/fashion_mnist.hpp"
 #include "flowlet/dispatch.hpp"
+#include "flowlet/layers.hpp"
 #include "flowlet/op.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "flowlet/ops/elementwise.hpp"
@@ -16,3 +20,5 @@
 #include "flowlet/ops/nn.hpp"
 #include "flowlet/ops/reduce.hpp"
 #include "flowlet/ops/shape.hpp"
+#include "flowlet/optim.hpp"
+#include "flowlet/variable.hpp"

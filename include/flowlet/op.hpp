@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -51,6 +52,32 @@ using InferFn = void (*)(const OpCall& call, OutputSpec& spec);
 // Computes the outputs. They arrive allocated (contiguous, row-major) unless the op is a view.
 using KernelFn = void (*)(const OpCall& call, std::span<Tensor> outputs);
 
+// What a gradient rule sees: the op's inputs and outputs as recorded, and its attributes.
+struct GradCall {
+  const Op& op;
+  std::span<const Tensor> inputs;
+  std::span<const Tensor> outputs;
+  const void* attributes = nullptr;
+
+  template <class Attributes>
+  const Attributes& attrs() const {
+    return *static_cast<const Attributes*>(attributes);
+  }
+};
+
+// Fills input_grads[i] with d(loss)/d(input i) from output_grads (one per output, never empty).
+// Written with flowlet's public ops, so it runs eagerly, records on outer tapes (higher-order
+// gradients) and, later, into traced graphs. Leaving input_grads[i] empty means "no gradient".
+using GradFn = void (*)(const GradCall& call, std::span<const Tensor> output_grads, std::span<Tensor> input_grads);
+
+// Copies an op's attribute struct so a tape (or a graph) can keep it past the call.
+using CopyAttributesFn = std::shared_ptr<const void> (*)(const void* attributes);
+
+template <class Attributes>
+std::shared_ptr<const void> copy_attributes(const void* attributes) {
+  return std::make_shared<const Attributes>(*static_cast<const Attributes*>(attributes));
+}
+
 enum OpFlags : uint32_t {
   kNoFlags = 0,
   kView = 1u << 0,         // outputs alias the input's storage; the kernel builds them itself
@@ -65,6 +92,8 @@ struct Op {
   uint32_t flags = kNoFlags;
   InferFn infer = nullptr;
   std::array<KernelFn, kNumDeviceKinds> kernels{};  // a device supports the op iff its kernel is set
+  GradFn grad = nullptr;                     // nullptr: not differentiable (comparisons, indices)
+  CopyAttributesFn copy_attributes = nullptr;  // set when the op has an attribute struct
 
   bool has_flag(OpFlags flag) const { return (flags & flag) != 0; }
 };

@@ -8,6 +8,7 @@
 
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/creation.hpp"
+#include "autodiff/grad_helpers.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "ops/registry.hpp"
 
@@ -131,9 +132,9 @@ void binary_kernel(const OpCall& call, std::span<Tensor> out) {
 }
 
 template <class F, DTypeSet Allowed, bool Comparison = false>
-Op binary_op(std::string_view name) {
+Op binary_op(std::string_view name, GradFn grad = nullptr) {
   return Op{name, 2, 2, kElementwise, &binary_infer<Allowed, Comparison>,
-            {&binary_kernel<F, Allowed, Comparison>, nullptr}};
+            {&binary_kernel<F, Allowed, Comparison>, nullptr}, grad};
 }
 
 template <DTypeSet Allowed>
@@ -151,8 +152,8 @@ void unary_kernel(const OpCall& call, std::span<Tensor> out) {
 }
 
 template <class F, DTypeSet Allowed>
-Op unary_op(std::string_view name) {
-  return Op{name, 1, 1, kElementwise, &unary_infer<Allowed>, {&unary_kernel<F, Allowed>, nullptr}};
+Op unary_op(std::string_view name, GradFn grad) {
+  return Op{name, 1, 1, kElementwise, &unary_infer<Allowed>, {&unary_kernel<F, Allowed>, nullptr}, grad};
 }
 
 void where_infer(const OpCall& call, OutputSpec& spec) {
@@ -190,32 +191,102 @@ void cast_kernel(const OpCall& call, std::span<Tensor> out) {
   cast_contiguous(call.inputs[0].contiguous(), out[0]);
 }
 
+// Gradient rules: g is the gradient of the output; binary rules sum it back to each input's shape.
+using Grads = std::span<Tensor>;
+using OutGrads = std::span<const Tensor>;
+
+void add_grad(const GradCall& c, OutGrads g, Grads dx) {
+  dx[0] = unbroadcast(g[0], c.inputs[0].shape());
+  dx[1] = unbroadcast(g[0], c.inputs[1].shape());
+}
+void sub_grad(const GradCall& c, OutGrads g, Grads dx) {
+  dx[0] = unbroadcast(g[0], c.inputs[0].shape());
+  dx[1] = unbroadcast(-g[0], c.inputs[1].shape());
+}
+void mul_grad(const GradCall& c, OutGrads g, Grads dx) {
+  dx[0] = unbroadcast(g[0] * c.inputs[1], c.inputs[0].shape());
+  dx[1] = unbroadcast(g[0] * c.inputs[0], c.inputs[1].shape());
+}
+void div_grad(const GradCall& c, OutGrads g, Grads dx) {
+  const Tensor& b = c.inputs[1];
+  dx[0] = unbroadcast(g[0] / b, c.inputs[0].shape());
+  dx[1] = unbroadcast(-(g[0] * c.outputs[0]) / b, b.shape());
+}
+void pow_grad(const GradCall& c, OutGrads g, Grads dx) {
+  const Tensor& a = c.inputs[0];
+  const Tensor& b = c.inputs[1];
+  dx[0] = unbroadcast(g[0] * b * pow(a, b - 1.0), a.shape());
+  // d/db a^b = a^b log a, taken as 0 where a <= 0 (where log is undefined), as TensorFlow does.
+  const Tensor log_a = where(a > 0.0, log(where(a > 0.0, a, ones_like(a))), zero_like_scalar(a));
+  dx[1] = unbroadcast(g[0] * c.outputs[0] * log_a, b.shape());
+}
+// Ties send the gradient to the first argument.
+void maximum_grad(const GradCall& c, OutGrads g, Grads dx) {
+  const Tensor first = c.inputs[0] >= c.inputs[1];
+  const Tensor zero = zero_like_scalar(g[0]);
+  dx[0] = unbroadcast(where(first, g[0], zero), c.inputs[0].shape());
+  dx[1] = unbroadcast(where(first, zero, g[0]), c.inputs[1].shape());
+}
+void minimum_grad(const GradCall& c, OutGrads g, Grads dx) {
+  const Tensor first = c.inputs[0] <= c.inputs[1];
+  const Tensor zero = zero_like_scalar(g[0]);
+  dx[0] = unbroadcast(where(first, g[0], zero), c.inputs[0].shape());
+  dx[1] = unbroadcast(where(first, zero, g[0]), c.inputs[1].shape());
+}
+void neg_grad(const GradCall&, OutGrads g, Grads dx) { dx[0] = -g[0]; }
+void exp_grad(const GradCall& c, OutGrads g, Grads dx) { dx[0] = g[0] * c.outputs[0]; }
+void log_grad(const GradCall& c, OutGrads g, Grads dx) { dx[0] = g[0] / c.inputs[0]; }
+void sqrt_grad(const GradCall& c, OutGrads g, Grads dx) { dx[0] = g[0] * 0.5 / c.outputs[0]; }
+void tanh_grad(const GradCall& c, OutGrads g, Grads dx) { dx[0] = g[0] * (1.0 - square(c.outputs[0])); }
+void sigmoid_grad(const GradCall& c, OutGrads g, Grads dx) {
+  dx[0] = g[0] * c.outputs[0] * (1.0 - c.outputs[0]);
+}
+void relu_grad(const GradCall& c, OutGrads g, Grads dx) {
+  dx[0] = where(c.inputs[0] > 0.0, g[0], zero_like_scalar(g[0]));
+}
+void abs_grad(const GradCall& c, OutGrads g, Grads dx) {
+  const Tensor& a = c.inputs[0];
+  const Tensor zero = zero_like_scalar(g[0]);
+  dx[0] = where(a > 0.0, g[0], where(a < 0.0, -g[0], zero));
+}
+void square_grad(const GradCall& c, OutGrads g, Grads dx) { dx[0] = g[0] * 2.0 * c.inputs[0]; }
+void where_grad(const GradCall& c, OutGrads g, Grads dx) {
+  const Tensor zero = zero_like_scalar(g[0]);
+  dx[1] = unbroadcast(where(c.inputs[0], g[0], zero), c.inputs[1].shape());
+  dx[2] = unbroadcast(where(c.inputs[0], zero, g[0]), c.inputs[2].shape());
+}
+// Back to the input's dtype; integer inputs get none.
+void cast_grad(const GradCall& c, OutGrads g, Grads dx) {
+  if (is_floating(c.inputs[0].dtype())) dx[0] = cast(g[0], c.inputs[0].dtype());
+}
+
 constexpr DTypeSet kArithmetic = kNumbers;
 
-Op add_op = binary_op<Add, kArithmetic>("add");
-Op sub_op = binary_op<Sub, kArithmetic>("sub");
-Op mul_op = binary_op<Mul, kArithmetic>("mul");
-Op div_op = binary_op<Div, kArithmetic>("div");
-Op pow_op = binary_op<Pow, kFloating>("pow");
-Op maximum_op = binary_op<Maximum, kArithmetic>("maximum");
-Op minimum_op = binary_op<Minimum, kArithmetic>("minimum");
-Op neg_op = unary_op<Neg, kArithmetic>("neg");
-Op exp_op = unary_op<Exp, kFloating>("exp");
-Op log_op = unary_op<Log, kFloating>("log");
-Op sqrt_op = unary_op<Sqrt, kFloating>("sqrt");
-Op tanh_op = unary_op<Tanh, kFloating>("tanh");
-Op sigmoid_op = unary_op<Sigmoid, kFloating>("sigmoid");
-Op relu_op = unary_op<Relu, kArithmetic>("relu");
-Op abs_op = unary_op<Abs, kArithmetic>("abs");
-Op square_op = unary_op<Square, kArithmetic>("square");
+Op add_op = binary_op<Add, kArithmetic>("add", &add_grad);
+Op sub_op = binary_op<Sub, kArithmetic>("sub", &sub_grad);
+Op mul_op = binary_op<Mul, kArithmetic>("mul", &mul_grad);
+Op div_op = binary_op<Div, kArithmetic>("div", &div_grad);
+Op pow_op = binary_op<Pow, kFloating>("pow", &pow_grad);
+Op maximum_op = binary_op<Maximum, kArithmetic>("maximum", &maximum_grad);
+Op minimum_op = binary_op<Minimum, kArithmetic>("minimum", &minimum_grad);
+Op neg_op = unary_op<Neg, kArithmetic>("neg", &neg_grad);
+Op exp_op = unary_op<Exp, kFloating>("exp", &exp_grad);
+Op log_op = unary_op<Log, kFloating>("log", &log_grad);
+Op sqrt_op = unary_op<Sqrt, kFloating>("sqrt", &sqrt_grad);
+Op tanh_op = unary_op<Tanh, kFloating>("tanh", &tanh_grad);
+Op sigmoid_op = unary_op<Sigmoid, kFloating>("sigmoid", &sigmoid_grad);
+Op relu_op = unary_op<Relu, kArithmetic>("relu", &relu_grad);
+Op abs_op = unary_op<Abs, kArithmetic>("abs", &abs_grad);
+Op square_op = unary_op<Square, kArithmetic>("square", &square_grad);
 Op equal_op = binary_op<Equal, kAll, true>("equal");
 Op not_equal_op = binary_op<NotEqual, kAll, true>("not_equal");
 Op less_op = binary_op<Less, kAll, true>("less");
 Op less_equal_op = binary_op<LessEqual, kAll, true>("less_equal");
 Op greater_op = binary_op<Greater, kAll, true>("greater");
 Op greater_equal_op = binary_op<GreaterEqual, kAll, true>("greater_equal");
-Op where_op{"where", 3, 3, kElementwise, &where_infer, {&where_kernel, nullptr}};
-Op cast_op{"cast", 1, 1, kElementwise, &cast_infer, {&cast_kernel, nullptr}};
+Op where_op{"where", 3, 3, kElementwise, &where_infer, {&where_kernel, nullptr}, &where_grad};
+Op cast_op{"cast", 1, 1, kElementwise, &cast_infer, {&cast_kernel, nullptr}, &cast_grad,
+           &copy_attributes<CastAttrs>};
 
 }  // namespace
 

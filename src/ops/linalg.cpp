@@ -9,6 +9,8 @@
 #include <cstring>
 
 #include "flowlet/dispatch.hpp"
+#include "flowlet/ops/reduce.hpp"
+#include "flowlet/ops/shape.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "ops/registry.hpp"
 
@@ -104,7 +106,20 @@ void matmul_kernel(const OpCall& call, std::span<Tensor> out) {
   }
 }
 
-Op matmul_op{"matmul", 2, 2, kNoFlags, &matmul_infer, {&matmul_kernel, nullptr}};
+// The last two dimensions swapped (a view).
+Tensor swap_last(const Tensor& t) { return t.rank() == 2 ? transpose(t) : permute(t, {0, 2, 1}); }
+
+// dA = dC B^T, dB = A^T dC; a rank-2 operand shared across a batch sums its batch of gradients.
+void matmul_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  const Tensor& a = c.inputs[0];
+  const Tensor& b = c.inputs[1];
+  Tensor da = matmul(g[0], swap_last(b));
+  Tensor db = matmul(swap_last(a), g[0]);
+  dx[0] = a.rank() == 2 && da.rank() == 3 ? sum(da, {0}) : da;
+  dx[1] = b.rank() == 2 && db.rank() == 3 ? sum(db, {0}) : db;
+}
+
+Op matmul_op{"matmul", 2, 2, kNoFlags, &matmul_infer, {&matmul_kernel, nullptr}, &matmul_grad};
 
 }  // namespace
 

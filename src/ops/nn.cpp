@@ -8,6 +8,9 @@
 #include <limits>
 
 #include "flowlet/dispatch.hpp"
+#include "flowlet/ops/elementwise.hpp"
+#include "flowlet/ops/reduce.hpp"
+#include "flowlet/ops/shape.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "ops/registry.hpp"
 
@@ -136,10 +139,30 @@ void cross_entropy_kernel(const OpCall& call, std::span<Tensor> out) {
   });
 }
 
-Op one_hot_op{"one_hot", 1, 1, kNoFlags, &one_hot_infer, {&one_hot_kernel, nullptr}};
-Op softmax_op{"softmax", 1, 1, kNoFlags, &softmax_infer, {&softmax_kernel<false>, nullptr}};
-Op log_softmax_op{"log_softmax", 1, 1, kNoFlags, &softmax_infer, {&softmax_kernel<true>, nullptr}};
-Op cross_entropy_op{"softmax_cross_entropy", 2, 2, kNoFlags, &cross_entropy_infer, {&cross_entropy_kernel, nullptr}};
+// y = softmax(x): dx = y * (g - sum(g * y)) along the axis.
+void softmax_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  const Tensor& y = c.outputs[0];
+  dx[0] = y * (g[0] - sum(g[0] * y, {c.attrs<AxisAttrs>().axis}, /*keepdims=*/true));
+}
+// y = log_softmax(x): dx = g - softmax(x) * sum(g) along the axis.
+void log_softmax_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  dx[0] = g[0] - exp(c.outputs[0]) * sum(g[0], {c.attrs<AxisAttrs>().axis}, /*keepdims=*/true);
+}
+// loss_i = logsumexp(x_i) - x_i[label_i]: dx_i = g_i * (softmax(x_i) - one_hot(label_i)).
+void cross_entropy_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  const Tensor& logits = c.inputs[0];
+  const Tensor targets = cast(one_hot(c.inputs[1], logits.shape()[1]), logits.dtype());
+  dx[0] = reshape(g[0], {logits.shape()[0], 1}) * (softmax(logits) - targets);
+}
+
+Op one_hot_op{"one_hot", 1, 1, kNoFlags, &one_hot_infer, {&one_hot_kernel, nullptr}, nullptr,
+              &copy_attributes<OneHotAttrs>};
+Op softmax_op{"softmax", 1, 1, kNoFlags, &softmax_infer, {&softmax_kernel<false>, nullptr}, &softmax_grad,
+              &copy_attributes<AxisAttrs>};
+Op log_softmax_op{"log_softmax", 1, 1, kNoFlags, &softmax_infer, {&softmax_kernel<true>, nullptr},
+                  &log_softmax_grad, &copy_attributes<AxisAttrs>};
+Op cross_entropy_op{"softmax_cross_entropy", 2, 2, kNoFlags, &cross_entropy_infer, {&cross_entropy_kernel, nullptr},
+                    &cross_entropy_grad};
 
 }  // namespace
 

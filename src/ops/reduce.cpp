@@ -12,6 +12,7 @@
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/ops/shape.hpp"
+#include "autodiff/grad_helpers.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "ops/registry.hpp"
 
@@ -270,12 +271,34 @@ void argmax_kernel(const OpCall& call, std::span<Tensor> out) {
   });
 }
 
+// The input's shape with the reduced axes kept as 1: the shape a gradient is broadcast from.
+Shape kept_shape(const Tensor& t, const std::vector<int64_t>& axes) {
+  return reduced_shape(t, axes, /*keepdims=*/true);
+}
+
+void sum_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  const Tensor& x = c.inputs[0];
+  const auto axes = reduced_axes("sum", x, c.attrs<ReduceAttrs>());
+  dx[0] = expand(reshape(g[0], kept_shape(x, axes)), x.shape());
+}
+
+// The gradient goes to the maximal elements, split evenly between ties (as TensorFlow does).
+void max_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  const Tensor& x = c.inputs[0];
+  const auto axes = reduced_axes("max", x, c.attrs<ReduceAttrs>());
+  const Shape kept = kept_shape(x, axes);
+  const Tensor is_max = cast(x == reshape(c.outputs[0], kept), x.dtype());
+  dx[0] = expand(reshape(g[0], kept), x.shape()) * is_max / sum(is_max, axes, /*keepdims=*/true);
+}
+
 constexpr char kSum[] = "sum";
 constexpr char kMax[] = "max";
 
-Op sum_op{"sum", 1, 1, kNoFlags, &reduce_infer<kSum, kSumTypes>, {&reduce_kernel<SumPolicy, kSumTypes>, nullptr}};
-Op max_op{"max", 1, 1, kNoFlags, &reduce_infer<kMax, kOrderTypes>, {&reduce_kernel<MaxPolicy, kOrderTypes>, nullptr}};
-Op argmax_op{"argmax", 1, 1, kNoFlags, &argmax_infer, {&argmax_kernel, nullptr}};
+Op sum_op{"sum", 1, 1, kNoFlags, &reduce_infer<kSum, kSumTypes>, {&reduce_kernel<SumPolicy, kSumTypes>, nullptr},
+          &sum_grad, &copy_attributes<ReduceAttrs>};
+Op max_op{"max", 1, 1, kNoFlags, &reduce_infer<kMax, kOrderTypes>, {&reduce_kernel<MaxPolicy, kOrderTypes>, nullptr},
+          &max_grad, &copy_attributes<ReduceAttrs>};
+Op argmax_op{"argmax", 1, 1, kNoFlags, &argmax_infer, {&argmax_kernel, nullptr}, nullptr, &copy_attributes<ArgmaxAttrs>};
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "flowlet/dispatch.hpp"
+#include "flowlet/ops/creation.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "ops/internal.hpp"
 #include "ops/registry.hpp"
@@ -186,18 +187,137 @@ void gather_kernel(const OpCall& call, std::span<Tensor> out) {
                });
 }
 
-Op reshape_op{"reshape", 1, 1, kView, &reshape_infer, {&reshape_kernel, nullptr}};
-Op permute_op{"permute", 1, 1, kView, &permute_infer, {&permute_kernel, nullptr}};
-Op copy_op{"copy", 1, 1, kElementwise, &same_meta_infer, {&copy_kernel, nullptr}};
+struct SliceAttrs {
+  int64_t axis;
+  int64_t start;
+  int64_t length;
+};
+
+void slice_infer(const OpCall& call, OutputSpec& spec) {
+  const Tensor& t = call.inputs[0];
+  const auto& a = call.attrs<SliceAttrs>();
+  if (t.rank() == 0) fail<ShapeError>("slice: needs rank >= 1; got shape {}", t.shape());
+  const auto axis = static_cast<size_t>(normalize_axis("slice", a.axis, t.rank()));
+  if (a.start < 0 || a.length < 0 || a.start > t.shape()[axis] - a.length) {
+    fail<OutOfRange>("slice: range of length {} at start {} is outside axis {} of shape {}", a.length, a.start, axis,
+                     t.shape());
+  }
+  Shape shape = t.shape();
+  shape[axis] = a.length;
+  spec.outputs[0] = {shape, t.dtype()};
+}
+
+void slice_kernel(const OpCall& call, std::span<Tensor> out) {
+  const Tensor& t = call.inputs[0];
+  const auto& a = call.attrs<SliceAttrs>();
+  const auto axis = static_cast<size_t>(normalize_axis("slice", a.axis, t.rank()));
+  Shape shape = t.shape();
+  shape[axis] = a.length;
+  out[0] = Tensor::view(t.storage(), shape, t.strides(), t.offset() + a.start * t.strides()[axis], t.dtype());
+}
+
+void scatter_add_infer(const OpCall& call, OutputSpec& spec) {
+  const Tensor& indices = call.inputs[0];
+  const Tensor& updates = call.inputs[1];
+  const int64_t rows = call.attrs<int64_t>();
+  check_dtype("scatter_add", indices.dtype(), bit(i32) | bit(i64));
+  check_dtype("scatter_add", updates.dtype(), kFloatCompute | kIntegers);
+  if (rows < 0) fail<InvalidArgument>("scatter_add: rows must be >= 0; got {}", rows);
+  bool prefix = updates.rank() >= indices.rank();
+  for (size_t d = 0; prefix && d < indices.shape().size(); ++d) prefix = updates.shape()[d] == indices.shape()[d];
+  if (!prefix) {
+    fail<ShapeError>("scatter_add: updates must start with the indices' shape; got indices {} and updates {}",
+                     indices.shape(), updates.shape());
+  }
+  Shape shape{rows};
+  for (size_t d = indices.shape().size(); d < updates.shape().size(); ++d) shape.push_back(updates.shape()[d]);
+  check_shape("scatter_add", shape);
+  spec.outputs[0] = {shape, updates.dtype()};
+}
+
+void scatter_add_kernel(const OpCall& call, std::span<Tensor> out) {
+  const Tensor indices = call.inputs[0].contiguous().astype(i64);
+  const Tensor updates = call.inputs[1].contiguous();
+  const int64_t rows = out[0].shape()[0];
+  const auto* index = static_cast<const int64_t*>(indices.raw_data());
+  for (int64_t i = 0; i < indices.numel(); ++i) {  // validate all before writing anything
+    if (index[i] < 0 || index[i] >= rows) {
+      fail<OutOfRange>("scatter_add: index out of range [0, {}); got index {} at position {}", rows, index[i], i);
+    }
+  }
+  const int64_t row = rows == 0 ? 0 : out[0].numel() / rows;
+  visit_dtype<kFloatCompute | kIntegers>(updates.dtype(), [&]<class T>(TypeTag<T>) {
+    T* target = static_cast<T*>(out[0].raw_data());
+    const T* source = static_cast<const T*>(updates.raw_data());
+    std::fill(target, target + out[0].numel(), T{0});
+    for (int64_t i = 0; i < indices.numel(); ++i) {  // serial: repeated indices accumulate
+      T* destination = target + index[i] * row;
+      for (int64_t j = 0; j < row; ++j) destination[j] = static_cast<T>(destination[j] + source[i * row + j]);
+    }
+  });
+}
+
+// Gradient rules: each moves the output gradient back to where its input's elements came from.
+void reshape_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  dx[0] = reshape(g[0], c.inputs[0].shape());
+}
+void permute_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  const auto& perm = c.attrs<PermuteAttrs>().perm;
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+  dx[0] = permute(g[0], inverse);
+}
+void copy_grad(const GradCall&, std::span<const Tensor> g, std::span<Tensor> dx) { dx[0] = g[0]; }
+void to_device_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  dx[0] = g[0].to(c.inputs[0].device());
+}
+void concat_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  const int64_t axis = normalize_axis("concat", c.attrs<ConcatAttrs>().axis, g[0].rank());
+  int64_t start = 0;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const int64_t length = c.inputs[i].shape()[static_cast<size_t>(axis)];
+    dx[i] = slice(g[0], axis, start, length);
+    start += length;
+  }
+}
+// The slice's gradient sits at its place inside zeros of the input's shape.
+void slice_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  const Tensor& t = c.inputs[0];
+  const auto& a = c.attrs<SliceAttrs>();
+  const auto axis = static_cast<size_t>(normalize_axis("slice", a.axis, t.rank()));
+  Shape before = t.shape(), after = t.shape();
+  before[axis] = a.start;
+  after[axis] = t.shape()[axis] - a.start - a.length;
+  dx[0] = concat({zeros(before, g[0].dtype(), g[0].device()), g[0], zeros(after, g[0].dtype(), g[0].device())},
+                 static_cast<int64_t>(axis));
+}
+void gather_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  dx[0] = scatter_add(c.inputs[1], g[0], c.inputs[0].shape()[0]);
+}
+void scatter_add_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
+  dx[1] = gather(g[0], c.inputs[0]);
+}
+
+Op reshape_op{"reshape", 1, 1, kView, &reshape_infer, {&reshape_kernel, nullptr}, &reshape_grad,
+              &copy_attributes<ReshapeAttrs>};
+Op permute_op{"permute", 1, 1, kView, &permute_infer, {&permute_kernel, nullptr}, &permute_grad,
+              &copy_attributes<PermuteAttrs>};
+Op slice_op{"slice", 1, 1, kView, &slice_infer, {&slice_kernel, nullptr}, &slice_grad, &copy_attributes<SliceAttrs>};
+Op copy_op{"copy", 1, 1, kElementwise, &same_meta_infer, {&copy_kernel, nullptr}, &copy_grad};
 // The CPU kernel copies between CPU devices; other backends register theirs for their kind.
-Op to_device_op{"to_device", 1, 1, kNoFlags, &to_device_infer, {&copy_kernel, nullptr}};
-Op concat_op{"concat", 1, -1, kNoFlags, &concat_infer, {&concat_kernel, nullptr}};
-Op gather_op{"gather", 2, 2, kNoFlags, &gather_infer, {&gather_kernel, nullptr}};
+Op to_device_op{"to_device", 1, 1, kNoFlags, &to_device_infer, {&copy_kernel, nullptr}, &to_device_grad,
+                &copy_attributes<ToDeviceAttrs>};
+Op concat_op{"concat", 1, -1, kNoFlags, &concat_infer, {&concat_kernel, nullptr}, &concat_grad,
+             &copy_attributes<ConcatAttrs>};
+Op gather_op{"gather", 2, 2, kNoFlags, &gather_infer, {&gather_kernel, nullptr}, &gather_grad};
+Op scatter_add_op{"scatter_add", 2, 2, kNoFlags, &scatter_add_infer, {&scatter_add_kernel, nullptr}, &scatter_add_grad,
+                  &copy_attributes<int64_t>};
 
 }  // namespace
 
 void add_shape_ops(std::vector<Op*>& ops) {
-  ops.insert(ops.end(), {&reshape_op, &permute_op, &copy_op, &to_device_op, &concat_op, &gather_op});
+  ops.insert(ops.end(),
+             {&reshape_op, &permute_op, &slice_op, &copy_op, &to_device_op, &concat_op, &gather_op, &scatter_add_op});
 }
 
 Tensor copy_to_contiguous(const Tensor& t) { return dispatch(copy_op, {t}); }
@@ -227,5 +347,13 @@ Tensor concat(const std::vector<Tensor>& tensors, int64_t axis) {
 }
 
 Tensor gather(const Tensor& params, const Tensor& indices) { return dispatch(detail::gather_op, {params, indices}); }
+
+Tensor slice(const Tensor& t, int64_t axis, int64_t start, int64_t length) {
+  return dispatch(detail::slice_op, {t}, detail::SliceAttrs{axis, start, length});
+}
+
+Tensor scatter_add(const Tensor& indices, const Tensor& updates, int64_t rows) {
+  return dispatch(detail::scatter_add_op, {indices, updates}, rows);
+}
 
 }  // namespace flowlet

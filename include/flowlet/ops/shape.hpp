@@ -16,8 +16,13 @@ Tensor transpose(const Tensor& t);
 Tensor permute(const Tensor& t, const std::vector<int64_t>& perm);
 // Joins tensors of one dtype and rank whose dimensions agree except along `axis`.
 Tensor concat(const std::vector<Tensor>& tensors, int64_t axis);
+// Elements [start, start + length) along `axis` (a view). OutOfRange outside the dimension.
+Tensor slice(const Tensor& t, int64_t axis, int64_t start, int64_t length);
 // Rows of params along axis 0: result shape = indices.shape + params.shape[1:]. Indices are i32 or
 // i64; one outside [0, params.shape[0]) throws OutOfRange.
 Tensor gather(const Tensor& params, const Tensor& indices);
+// The adjoint of gather: a [rows, updates.shape[indices.rank():]...] tensor of zeros with
+// updates[i] added at row indices[i]; repeated indices accumulate. OutOfRange on a bad index.
+Tensor scatter_add(const Tensor& indices, const Tensor& updates, int64_t rows);
 
 }  // namespace flowlet

@@ -1,6 +1,5 @@
-// The main job of `make demo` (until the Fashion-MNIST training demo lands): a tour of the eager
-// core, a softmax-regression model trained with hand-written gradients, and a few figures
-// measured on this machine.
+// A tour of the eager core: printing, views and errors, a softmax-regression model trained with
+// hand-written gradients, and a few figures measured on this machine.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -44,7 +43,7 @@ void tour() {
 // Three Gaussian blobs in 2-D, learned by softmax regression with the gradient of the mean
 // cross-entropy written out by hand: dL/dlogits = (softmax - one_hot) / N.
 void softmax_regression() {
-  fmt::print("\n== Softmax regression with hand-written gradients (GradientTape arrives next) ==\n");
+  fmt::print("\n== Softmax regression with hand-written gradients (GradientTape does this for you) ==\n");
   constexpr int64_t per_class = 200, classes = 3;
   const fl::Tensor centers = fl::tensor(std::vector<float>{-2, 0, 2, 2, 2, -2}, fl::Shape{classes, 2});
   std::vector<fl::Tensor> points;

@@ -1,0 +1,67 @@
+// Writes line charts as a standalone SVG file (no plotting dependency): one panel per series.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace examples {
+
+struct Series {
+  std::string title;   // e.g. "train loss"
+  std::string color;   // any SVG color
+  std::vector<double> values;  // one per epoch (x = 1, 2, ...)
+};
+
+// Panels side by side, each with its own y range, axes, ticks at every epoch and the values.
+inline void write_svg_chart(const std::string& path, const std::string& heading, const std::vector<Series>& series) {
+  constexpr double kPanelWidth = 360, kPanelHeight = 240, kMargin = 48, kTop = 40;
+  const double width = kPanelWidth * static_cast<double>(series.size());
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{2}\" y=\"18\" text-anchor=\"middle\" font-size=\"14\">{3}</text>\n",
+      width, kPanelHeight + kTop, width / 2, heading);
+  for (size_t p = 0; p < series.size(); ++p) {
+    const auto& s = series[p];
+    if (s.values.empty()) continue;
+    const double left = kPanelWidth * static_cast<double>(p) + kMargin;
+    const double right = kPanelWidth * static_cast<double>(p + 1) - 16;
+    const double top = kTop + 10, bottom = kTop + kPanelHeight - kMargin + 10;
+    double lo = *std::min_element(s.values.begin(), s.values.end());
+    double hi = *std::max_element(s.values.begin(), s.values.end());
+    if (hi - lo < 1e-12) {
+      lo -= 0.5;
+      hi += 0.5;
+    }
+    const double pad = (hi - lo) * 0.1;
+    lo -= pad;
+    hi += pad;
+    const size_t n = s.values.size();
+    auto x_of = [&](size_t i) { return n == 1 ? (left + right) / 2 : left + (right - left) * static_cast<double>(i) / static_cast<double>(n - 1); };
+    auto y_of = [&](double v) { return bottom - (bottom - top) * (v - lo) / (hi - lo); };
+    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", (left + right) / 2, top - 4, s.title);
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left, top, bottom);
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{2}\" x2=\"{1}\" y2=\"{2}\" stroke=\"black\"/>\n", left, right, bottom);
+    for (int k = 0; k <= 4; ++k) {  // y ticks
+      const double v = lo + (hi - lo) * k / 4.0;
+      svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.3g}</text>\n", left - 4, y_of(v) + 4, v);
+    }
+    std::string points;
+    for (size_t i = 0; i < n; ++i) {
+      points += fmt::format("{:.1f},{:.1f} ", x_of(i), y_of(s.values[i]));
+      svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x_of(i), bottom + 16, i + 1);
+      svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", x_of(i), y_of(s.values[i]), s.color);
+    }
+    svg += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>\n", points, s.color);
+    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">epoch</text>\n", (left + right) / 2, bottom + 32);
+  }
+  svg += "</svg>\n";
+  std::ofstream(path) << svg;
+}
+
+}  // namespace examples

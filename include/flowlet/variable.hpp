@@ -1,0 +1,50 @@
+// Variable: named mutable state that outlives a step (weights, optimizer slots, step counters).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "flowlet/core/tensor.hpp"
+
+namespace flowlet {
+
+namespace detail {
+struct VariableState;
+}
+
+// Example:
+//   Variable w(randn({784, 256}, /*seed=*/1) * 0.05f, "w");
+//   Tensor y = matmul(x, w);          // a Variable converts to its current value
+//   w.assign_sub(0.1f * grad);        // shape and dtype must match; on error w is unchanged
+//
+// Copies of a Variable are handles to the same state. An update installs a new value, so a tensor
+// read before it keeps the old values. Reads and updates may come from several threads.
+class Variable {
+ public:
+  Variable() = default;  // an empty handle
+  explicit Variable(Tensor initial, std::string name = "");
+
+  Tensor value() const;
+  operator Tensor() const { return value(); }  // NOLINT: reads wherever a Tensor is expected
+
+  // ShapeError / DTypeError / DeviceError (naming the variable) unless `t` matches exactly.
+  void assign(const Tensor& t);
+  void assign_add(const Tensor& t);
+  void assign_sub(const Tensor& t);
+
+  const std::string& name() const;
+  Shape shape() const { return value().shape(); }
+  DType dtype() const { return value().dtype(); }
+  Device device() const { return value().device(); }
+  bool defined() const { return static_cast<bool>(state_); }
+  // The variable's identity (shared by every handle to it), for tapes and checkpoints.
+  const void* identity() const { return state_.get(); }
+  // Identity: two handles to one variable compare equal.
+  friend bool same_variable(const Variable& a, const Variable& b) { return a.state_ == b.state_; }
+
+ private:
+  detail::VariableState& state() const;
+  std::shared_ptr<detail::VariableState> state_;
+};
+
+}  // namespace flowlet

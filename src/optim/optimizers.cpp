@@ -1,0 +1,133 @@
+// Optimizers. Every update is written with public ops on Variables (no private kernels), so a
+// traced training step records the same updates, and the state lives where checkpoints see it.
+#include <cmath>
+
+#include "core/check.hpp"
+#include "flowlet/ops/creation.hpp"
+#include "flowlet/ops/elementwise.hpp"
+#include "flowlet/optim.hpp"
+
+namespace flowlet::optim {
+namespace {
+
+void check_hyperparameter(const char* op, const char* what, double value, double lo, double hi, bool hi_open) {
+  const bool ok = std::isfinite(value) && value >= lo && (hi_open ? value < hi : value <= hi);
+  if (!ok) {
+    detail::fail<InvalidArgument>("{}: {} must be in [{}, {}{}; got {}", op, what, lo, hi, hi_open ? ")" : "]", value);
+  }
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::string name)
+    : name_(std::move(name)), iterations_(scalar(int64_t{0}), name_ + "/iterations") {}
+
+Variable& Optimizer::slot(const Variable& var, const std::string& slot_name) {
+  auto& per_variable = slots_[var.identity()];
+  auto found = per_variable.find(slot_name);
+  if (found == per_variable.end()) {
+    Variable created(zeros_like(var.value()), name_ + "/" + var.name() + "/" + slot_name);
+    found = per_variable.emplace(slot_name, created).first;
+    slot_order_.push_back(created);
+  }
+  return found->second;
+}
+
+void Optimizer::build(const std::vector<Variable>& vars) {
+  for (const Variable& var : vars) {
+    for (const std::string& slot_name : slot_names()) slot(var, slot_name);
+  }
+}
+
+std::vector<Variable> Optimizer::variables() const {
+  std::vector<Variable> all{iterations_};
+  all.insert(all.end(), slot_order_.begin(), slot_order_.end());
+  return all;
+}
+
+Tensor Optimizer::step(DType dtype) const { return cast(iterations_.value(), dtype) + 1.0; }
+
+void Optimizer::apply(const std::vector<Tensor>& grads, const std::vector<Variable>& vars) {
+  if (grads.size() != vars.size()) {
+    detail::fail<InvalidArgument>("{}.apply: one gradient per variable; got {} gradients for {} variables", name_,
+                                  grads.size(), vars.size());
+  }
+  for (size_t i = 0; i < vars.size(); ++i) {
+    if (!vars[i].defined()) detail::fail<InvalidArgument>("{}.apply: variable {} is an empty Variable handle", name_, i);
+    if (!is_floating(vars[i].dtype())) {
+      detail::fail<DTypeError>("{}.apply: variable '{}' must have a floating dtype; got {}", name_, vars[i].name(),
+                               vars[i].dtype());
+    }
+    if (!grads[i].defined()) continue;
+    if (grads[i].dtype() != vars[i].dtype()) {
+      detail::fail<DTypeError>("{}.apply: gradient dtype differs from variable '{}'; got {} for a {} variable", name_,
+                               vars[i].name(), grads[i].dtype(), vars[i].dtype());
+    }
+    if (!(grads[i].shape() == vars[i].shape())) {
+      detail::fail<ShapeError>("{}.apply: gradient shape differs from variable '{}'; got {} for a {} variable", name_,
+                               vars[i].name(), grads[i].shape(), vars[i].shape());
+    }
+  }
+  build(vars);
+  for (size_t i = 0; i < vars.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    Variable var = vars[i];
+    update(var, grads[i]);
+  }
+  iterations_.assign_add(scalar(int64_t{1}));
+}
+
+SGD::SGD(double lr, double momentum, bool nesterov, double weight_decay)
+    : Optimizer("sgd"), lr_(lr), momentum_(momentum), weight_decay_(weight_decay), nesterov_(nesterov) {
+  check_hyperparameter("SGD", "lr", lr, 0.0, 1e300, false);
+  check_hyperparameter("SGD", "momentum", momentum, 0.0, 1.0, true);
+  check_hyperparameter("SGD", "weight_decay", weight_decay, 0.0, 1e300, false);
+  if (nesterov && momentum == 0.0) {
+    detail::fail<InvalidArgument>("SGD: Nesterov needs momentum > 0; got momentum {}", momentum);
+  }
+}
+
+std::vector<std::string> SGD::slot_names() const {
+  if (momentum_ > 0.0) return {"momentum"};
+  return {};
+}
+
+void SGD::update(Variable& var, const Tensor& grad) {
+  Tensor g = weight_decay_ > 0.0 ? grad + weight_decay_ * var.value() : grad;
+  if (momentum_ == 0.0) {
+    var.assign_sub(lr_ * g);
+    return;
+  }
+  Variable& velocity = slot(var, "momentum");
+  velocity.assign(momentum_ * velocity.value() + g);
+  var.assign_sub(lr_ * (nesterov_ ? g + momentum_ * velocity.value() : velocity.value()));
+}
+
+Adam::Adam(double lr, double beta1, double beta2, double eps, double weight_decay)
+    : Optimizer(weight_decay > 0.0 ? "adamw" : "adam"),
+      lr_(lr),
+      beta1_(beta1),
+      beta2_(beta2),
+      eps_(eps),
+      weight_decay_(weight_decay) {
+  check_hyperparameter("Adam", "lr", lr, 0.0, 1e300, false);
+  check_hyperparameter("Adam", "beta1", beta1, 0.0, 1.0, true);
+  check_hyperparameter("Adam", "beta2", beta2, 0.0, 1.0, true);
+  check_hyperparameter("Adam", "weight_decay", weight_decay, 0.0, 1e300, false);
+  if (!(eps > 0.0) || !std::isfinite(eps)) detail::fail<InvalidArgument>("Adam: eps must be > 0; got {}", eps);
+}
+
+void Adam::update(Variable& var, const Tensor& grad) {
+  Variable& m = slot(var, "m");
+  Variable& v = slot(var, "v");
+  m.assign(beta1_ * m.value() + (1.0 - beta1_) * grad);
+  v.assign(beta2_ * v.value() + (1.0 - beta2_) * square(grad));
+  // The bias correction reads the step from a variable (never a constant baked into a trace).
+  const Tensor t = step(var.dtype());
+  const Tensor corrected_lr = lr_ * sqrt(1.0 - pow(full({}, beta2_, var.dtype()), t)) /
+                              (1.0 - pow(full({}, beta1_, var.dtype()), t));
+  if (weight_decay_ > 0.0) var.assign_sub((lr_ * weight_decay_) * var.value());
+  var.assign_sub(corrected_lr * m.value() / (sqrt(v.value()) + eps_));
+}
+
+}  // namespace flowlet::optim

@@ -1,0 +1,72 @@
+// Variables: named mutable state read as tensors, with checked updates that change nothing on error.
+#include <thread>
+
+#include "support/reference.hpp"
+
+TEST_CASE("a variable reads as its initial value and converts to a tensor in ops") {
+  const fl::Variable v(fl::tensor({1.0f, 2.0f, 3.0f}), "v");
+  CHECK(v.name() == "v");
+  CHECK(v.shape() == fl::Shape{3});
+  CHECK(v.dtype() == fl::f32);
+  CHECK(v.device() == fl::Device("cpu"));
+  CHECK(v.value().to_vector<float>() == std::vector<float>{1, 2, 3});
+  const fl::Tensor doubled = fl::mul(v, fl::tensor({2.0f, 2.0f, 2.0f}));
+  CHECK(doubled.to_vector<float>() == std::vector<float>{2, 4, 6});
+  CHECK((v + v).to_vector<float>() == std::vector<float>{2, 4, 6});
+}
+
+TEST_CASE("a variable owns a copy of its initial value") {
+  fl::Tensor initial = fl::tensor({1.0f, 2.0f});
+  const fl::Variable v(initial);
+  static_cast<float*>(initial.raw_data())[0] = 100.0f;  // the caller's buffer changes later
+  CHECK(v.value().to_vector<float>() == std::vector<float>{1, 2});
+  CHECK(v.value().storage().get() != initial.storage().get());
+}
+
+TEST_CASE("assign, assign_add and assign_sub update every handle and leave earlier reads unchanged") {
+  fl::Variable v(fl::tensor({1.0, 2.0}), "w");
+  const fl::Variable alias = v;
+  const fl::Tensor before = v.value();
+  v.assign_add(fl::tensor({10.0, 20.0}));
+  CHECK(alias.value().to_vector<double>() == std::vector<double>{11, 22});
+  v.assign_sub(fl::tensor({1.0, 2.0}));
+  CHECK(v.value().to_vector<double>() == std::vector<double>{10, 20});
+  v.assign(fl::tensor({-1.0, -2.0}));
+  CHECK(alias.value().to_vector<double>() == std::vector<double>{-1, -2});
+  CHECK(before.to_vector<double>() == std::vector<double>{1, 2});
+  CHECK(same_variable(v, alias));
+  CHECK_FALSE(same_variable(v, fl::Variable(fl::tensor({0.0}))));
+}
+
+TEST_CASE("an update with the wrong shape, dtype or an empty tensor throws and changes nothing") {
+  fl::Variable v(fl::tensor({1.0f, 2.0f}), "bias");
+  test::check_throws<fl::ShapeError>([&] { v.assign(fl::tensor({1.0f, 2.0f, 3.0f})); },
+                                     {"assign:", "bias", "[3]", "[2]"});
+  test::check_throws<fl::DTypeError>([&] { v.assign_add(fl::tensor({1.0, 2.0})); }, {"assign_add:", "bias", "f64", "f32"});
+  test::check_throws<fl::ShapeError>([&] { v.assign_sub(fl::zeros({2, 1})); }, {"assign_sub:", "bias"});
+  test::check_throws<fl::InvalidArgument>([&] { v.assign(fl::Tensor()); }, {"assign:", "empty Tensor handle"});
+  CHECK(v.value().to_vector<float>() == std::vector<float>{1, 2});
+}
+
+TEST_CASE("empty variable handles and empty initial values are rejected") {
+  const fl::Variable empty;
+  CHECK_FALSE(empty.defined());
+  test::check_throws<fl::InvalidArgument>([&] { (void)empty.value(); }, {"empty Variable handle"});
+  test::check_throws<fl::InvalidArgument>([] { fl::Variable v(fl::Tensor(), "x"); }, {"Variable:", "empty Tensor handle", "x"});
+}
+
+TEST_CASE("concurrent updates from several threads are all applied") {
+  fl::Variable counter(fl::zeros({4}, fl::i64), "counter");
+  constexpr int kThreads = 4, kUpdates = 200;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kUpdates; ++i) {
+        counter.assign_add(fl::ones({4}, fl::i64));
+        (void)fl::sum(counter.value());  // reads race with updates; each read sees a whole value
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(counter.value().to_vector<int64_t>() == std::vector<int64_t>(4, kThreads * kUpdates));
+}
