@@ -22,8 +22,8 @@ namespace fl = flowlet;
 namespace {
 
 struct Options {
-  int epochs = 5;
-  int64_t batch_size = 64;
+  int epochs = 8;
+  int64_t batch_size = 128;
   double lr = 1e-3;
   uint64_t seed = 1;
   bool resume = false;
