@@ -70,3 +70,13 @@ TEST_CASE("concurrent updates from several threads are all applied") {
   for (auto& t : threads) t.join();
   CHECK(counter.value().to_vector<int64_t>() == std::vector<int64_t>(4, kThreads * kUpdates));
 }
+
+TEST_CASE("a tape differentiates with respect to braced lists of variables or tensors") {
+  fl::Variable w(fl::tensor({2.0}), "w");
+  const fl::Tensor x = fl::tensor({3.0});
+  fl::GradientTape tape(/*persistent=*/true);
+  tape.watch(x);
+  const fl::Tensor y = w * x;
+  CHECK(tape.gradient(y, {w})[0].item<double>() == 3.0);
+  CHECK(tape.gradient(y, {x})[0].item<double>() == 2.0);
+}

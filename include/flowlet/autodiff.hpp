@@ -1,6 +1,7 @@
 // GradientTape: records the ops run on this thread while it lives and differentiates through them.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <vector>
@@ -40,6 +41,14 @@ class GradientTape {
 
   std::vector<Tensor> gradient(const Tensor& target, const std::vector<Tensor>& sources);
   std::vector<Tensor> gradient(const Tensor& target, const std::vector<Variable>& sources);
+  // Braced lists ({w, b}) pick the variable or tensor form without ambiguity (a Variable also
+  // converts to a Tensor).
+  std::vector<Tensor> gradient(const Tensor& target, std::initializer_list<Variable> sources) {
+    return gradient(target, std::vector<Variable>(sources));
+  }
+  std::vector<Tensor> gradient(const Tensor& target, std::initializer_list<Tensor> sources) {
+    return gradient(target, std::vector<Tensor>(sources));
+  }
 
  private:
   std::unique_ptr<detail::TapeState> state_;
