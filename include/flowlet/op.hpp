@@ -58,11 +58,13 @@ struct GradCall {
   std::span<const Tensor> inputs;
   std::span<const Tensor> outputs;
   const void* attributes = nullptr;
+  uint64_t wanted = ~uint64_t{0};  // bit i: the caller needs input i's gradient (rules may skip others)
 
   template <class Attributes>
   const Attributes& attrs() const {
     return *static_cast<const Attributes*>(attributes);
   }
+  bool wants(size_t input) const { return input >= 64 || ((wanted >> input) & 1u) != 0; }
 };
 
 // Fills input_grads[i] with d(loss)/d(input i) from output_grads (one per output, never empty).

@@ -109,7 +109,11 @@ std::unordered_map<const TensorImpl*, Tensor> backward(TapeState& tape, const Te
     }
     if (!reached) continue;
     input_grads.assign(node->inputs.size(), Tensor());
-    const GradCall call{*node->op, node->inputs, node->outputs, node->attributes.get()};
+    uint64_t wanted = 0;
+    for (size_t i = 0; i < node->inputs.size() && i < 64; ++i) {
+      if (tape.tracks(node->inputs[i])) wanted |= uint64_t{1} << i;
+    }
+    const GradCall call{*node->op, node->inputs, node->outputs, node->attributes.get(), wanted};
     node->op->grad(call, output_grads, input_grads);
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const Tensor& input = node->inputs[i];

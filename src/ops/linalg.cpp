@@ -113,10 +113,14 @@ Tensor swap_last(const Tensor& t) { return t.rank() == 2 ? transpose(t) : permut
 void matmul_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
   const Tensor& a = c.inputs[0];
   const Tensor& b = c.inputs[1];
-  Tensor da = matmul(g[0], swap_last(b));
-  Tensor db = matmul(swap_last(a), g[0]);
-  dx[0] = a.rank() == 2 && da.rank() == 3 ? sum(da, {0}) : da;
-  dx[1] = b.rank() == 2 && db.rank() == 3 ? sum(db, {0}) : db;
+  if (c.wants(0)) {  // skipped for a first layer's input, which saves a GEMM as large as the forward one
+    const Tensor da = matmul(g[0], swap_last(b));
+    dx[0] = a.rank() == 2 && da.rank() == 3 ? sum(da, {0}) : da;
+  }
+  if (c.wants(1)) {
+    const Tensor db = matmul(swap_last(a), g[0]);
+    dx[1] = b.rank() == 2 && db.rank() == 3 ? sum(db, {0}) : db;
+  }
 }
 
 Op matmul_op{"matmul", 2, 2, kNoFlags, &matmul_infer, {&matmul_kernel, nullptr}, &matmul_grad};
