@@ -68,17 +68,18 @@ typename P::Acc reduce_run(const T* x, int64_t n) {
     Acc total = P::init();
     for (int64_t i = 0; i < n; ++i) total = P::step(total, x[i]);
     return total;
+  } else {  // floating: independent lanes (vectorizable, and accurate with f64 accumulators)
+    Acc lanes[kLanes];
+    std::fill(lanes, lanes + kLanes, P::init());
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int64_t j = 0; j < kLanes; ++j) lanes[j] = P::step(lanes[j], x[i + j]);
+    }
+    Acc total = P::init();
+    for (int64_t j = 0; j < kLanes; ++j) total = P::combine(total, lanes[j]);
+    for (; i < n; ++i) total = P::step(total, x[i]);
+    return total;
   }
-  Acc lanes[kLanes];
-  std::fill(lanes, lanes + kLanes, P::init());
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) lanes[j] = P::step(lanes[j], x[i + j]);
-  }
-  Acc total = P::init();
-  for (int64_t j = 0; j < kLanes; ++j) total = P::combine(total, lanes[j]);
-  for (; i < n; ++i) total = P::step(total, x[i]);
-  return total;
 }
 
 // Reduces one contiguous row: fixed chunks, partials combined in order (deterministic).
