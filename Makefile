@@ -37,6 +37,7 @@ demo: deps
 
 bench: deps
 	@bash scripts/install_deps.sh --optional $(BENCH_PACKAGES)
+	-@bash benchmarks/peers/setup_tf_venv.sh  # the TensorFlow peer's venv (build/tf-venv); never fatal
 	@$(call configure,build/bench,--buildtype=release -Dbenchmarks=enabled -Dtests=false)
 	@meson compile -C build/bench
 	@bash scripts/run_benchmarks.sh build/bench

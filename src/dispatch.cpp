@@ -1,11 +1,12 @@
 // The one dispatch path: check the call, infer outputs, allocate them, run the device's kernel.
-// Tracing and gradient tapes hook in here (later issues), never in per-op code.
+// Tracing (record a node instead) and gradient tapes hook in here, never in per-op code.
 #include "flowlet/dispatch.hpp"
 
 #include <array>
 
 #include "core/check.hpp"
 #include "flowlet/autodiff.hpp"
+#include "trace/tracer.hpp"
 
 namespace flowlet {
 namespace {
@@ -35,6 +36,7 @@ int run_op(const Op& op, std::span<const Tensor> inputs, const void* attributes,
     if (!inputs[i].defined()) {
       detail::fail<InvalidArgument>("{}: input {} is an empty Tensor handle; got Tensor()", op.name, i);
     }
+    if (inputs[i].impl_ptr()->trace_id != 0 && !detail::active_trace()) detail::fail_foreign_symbolic(op, inputs[i]);
     if (i == 0) {
       spec.device = inputs[0].device();
     } else if (inputs[i].device() != spec.device) {
@@ -50,12 +52,18 @@ int run_op(const Op& op, std::span<const Tensor> inputs, const void* attributes,
     detail::fail<DeviceError>("{}: no kernel for device {}; kernels exist for: {}", op.name, spec.device,
                               kernel_devices(op));
   }
-  if (!op.has_flag(kView)) {
-    for (int i = 0; i < spec.count; ++i) {
-      outputs[i] = Tensor::empty(spec.outputs[i].shape, spec.outputs[i].dtype, spec.device);
+  const std::span<Tensor> results(outputs.data(), static_cast<size_t>(spec.count));
+  if (detail::TraceBuilder* trace = detail::active_trace()) {
+    // Tracing: record a node instead of running the kernel; tapes record the symbolic outputs.
+    trace->record(op, inputs, attributes, spec, results);
+  } else {
+    if (!op.has_flag(kView)) {
+      for (int i = 0; i < spec.count; ++i) {
+        outputs[i] = Tensor::empty(spec.outputs[i].shape, spec.outputs[i].dtype, spec.device);
+      }
     }
+    kernel(call, results);
   }
-  kernel(call, std::span<Tensor>(outputs.data(), static_cast<size_t>(spec.count)));
   if (detail::any_tape_active()) {
     detail::record_on_tapes(op, inputs, attributes, std::span<const Tensor>(outputs.data(), static_cast<size_t>(spec.count)));
   }

@@ -1,11 +1,15 @@
 // f32 matmul 1024 x 1024: flowlet matmul against a direct cblas_sgemm into a preallocated buffer
 // (target >= 95 % of it) and libtorch at::matmul, in GFLOP/s. Runs once per OpenBLAS setting.
+// Then two such products at once (two threads) against one after the other: flowlet shares one
+// pool, so running them together must not be slower; OpenBLAS's own threads shown for contrast.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <thread>
 #include <vector>
 
 #include <flowlet/flowlet.hpp>
@@ -30,6 +34,23 @@ void print_openblas() {
 #endif
 }
 
+// The thread budget flowlet's pool uses (FLOWLET_NUM_THREADS, else every hardware thread).
+int thread_budget() {
+  const char* env = std::getenv("FLOWLET_NUM_THREADS");
+  const int asked = env ? std::atoi(env) : 0;
+  return asked >= 1 ? asked : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// flowlet keeps OpenBLAS at one thread and splits GEMMs over its own pool; a direct cblas peer gets
+// OpenBLAS's own threads for the whole budget while it runs, so it is the threaded library at its best.
+class OpenBlasThreads {
+ public:
+  explicit OpenBlasThreads(int threads) { openblas_set_num_threads(threads); }
+  ~OpenBlasThreads() { openblas_set_num_threads(1); }
+  OpenBlasThreads(const OpenBlasThreads&) = delete;
+  OpenBlasThreads& operator=(const OpenBlasThreads&) = delete;
+};
+
 void run_all() {
   fl::Tensor a = fl::randn(fl::Shape{size, size}, 1);
   fl::Tensor b = fl::randn(fl::Shape{size, size}, 2);
@@ -42,9 +63,10 @@ void run_all() {
   };
 
   // Check flowlet against the direct call once: the same BLAS should give (nearly) the same bits.
-  sgemm();
+  // flowlet's first matmul sets OpenBLAS to one thread; the peer's threads are set around it below.
   try {
     fl::Tensor product = fl::matmul(a, b);
+    sgemm();
     const float* pp = product.data<float>();
     double worst = 0;
     for (size_t i = 0; i < c.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(pp[i] - c[i])));
@@ -57,10 +79,13 @@ void run_all() {
   bench::Section section("matmul 1024 f32", bench::Metric::rate("GFLOP/s", flops_per_call / 1e9),
                          "[1024, 1024] x [1024, 1024], a new tensor per call; GFLOP/s counts 2 n^3 per call");
   bench::Result ours = section.run("flowlet matmul", [&] { bench::do_not_optimize(fl::matmul(a, b)); });
-  bench::Result blas = section.run("cblas_sgemm (preallocated)", [&] {
-    sgemm();
-    bench::do_not_optimize(c.data());
-  });
+  bench::Result blas = [&] {
+    OpenBlasThreads threaded(thread_budget());
+    return section.run(fmt::format("cblas_sgemm ({} OpenBLAS threads)", thread_budget()), [&] {
+      sgemm();
+      bench::do_not_optimize(c.data());
+    });
+  }();
 #ifdef FLOWLET_BENCH_HAVE_TORCH
   at::NoGradGuard no_grad;
   at::Tensor ta = at::from_blob(const_cast<float*>(pa), {size, size}, at::kFloat);  // the same memory
@@ -73,9 +98,54 @@ void run_all() {
   section.compare(ours, torch, std::nullopt);
 }
 
+// Two independent products, as an executor running two ready matmul nodes would: from the caller
+// and one std::thread at once, against the same two one after the other on the caller.
+void run_two_at_once() {
+  fl::Tensor a = fl::randn(fl::Shape{size, size}, 1);
+  fl::Tensor b = fl::randn(fl::Shape{size, size}, 2);
+  fl::Tensor d = fl::randn(fl::Shape{size, size}, 3);
+  auto both = [](auto&& first, auto&& second, bool at_once) {
+    if (!at_once) {
+      first();
+      second();
+      return;
+    }
+    std::thread other(second);
+    first();
+    other.join();
+  };
+  bench::Section section("two matmuls 1024 f32", bench::Metric::time(),
+                         "a b and d b, independent; time for both; caller + 1 std::thread vs one after the other");
+  auto ours = [&](bool at_once) {
+    both([&] { bench::do_not_optimize(fl::matmul(a, b)); }, [&] { bench::do_not_optimize(fl::matmul(d, b)); }, at_once);
+  };
+  bench::Result ours_serial = section.run("flowlet, one after other", [&] { ours(false); });
+  bench::Result ours_together = section.run("flowlet, two at once", [&] { ours(true); });
+
+  // Before the shared pool: OpenBLAS's own threads for the whole budget in every call.
+  std::vector<float> c1(static_cast<size_t>(size * size)), c2(c1.size());
+  auto sgemm = [&](const fl::Tensor& x, std::vector<float>& out) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, size, size, size, 1.0f, x.data<float>(), size,
+                b.data<float>(), size, 0.0f, out.data(), size);
+    bench::do_not_optimize(out.data());
+  };
+  OpenBlasThreads threaded(thread_budget());
+  auto theirs = [&](bool at_once) { both([&] { sgemm(a, c1); }, [&] { sgemm(d, c2); }, at_once); };
+  bench::Result blas_serial = section.run("cblas threaded, one after other", [&] { theirs(false); });
+  bench::Result blas_together = section.run("cblas threaded, two at once", [&] { theirs(true); });
+
+  // Ratios of times: at once / one after the other (<= 1: running together costs nothing).
+  section.compare(ours_together, ours_serial, bench::Target::at_most(1.0));
+  section.compare(blas_together, blas_serial, std::nullopt);
+  section.compare(ours_together, blas_together, std::nullopt);
+}
+
 }  // namespace
 
 int main() {
   print_openblas();
-  return bench::run_benchmark("bench_linalg", "linalg (f32 matmul 1024)", /*torch_uses_all_threads=*/true, run_all);
+  return bench::run_benchmark("bench_linalg", "linalg (f32 matmul 1024)", /*torch_uses_all_threads=*/true, [] {
+    run_all();
+    run_two_at_once();
+  });
 }

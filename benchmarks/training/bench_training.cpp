@@ -17,6 +17,7 @@
 #include <flowlet/flowlet.hpp>
 
 #include "../harness.hpp"
+#include "../mlp_step.hpp"
 #include "../torch_peer.hpp"
 
 namespace fl = flowlet;
@@ -24,97 +25,17 @@ namespace bench = flowlet_bench;
 
 namespace {
 
-constexpr int64_t in_features = 784;
-constexpr int64_t hidden_features = 256;
-constexpr int64_t classes = 10;
-constexpr double learning_rate = 0.01;
-
-// Labels 0, 1, ..., 9, 0, 1, ... (arange(n) % 10).
-std::vector<int64_t> label_values(int64_t n) {
-  std::vector<int64_t> labels(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) labels[static_cast<size_t>(i)] = i % classes;
-  return labels;
-}
-
-double max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
-  return worst;
-}
-
-// flowlet's model: Sequential(Linear 784-256, relu, Linear 256-10), Glorot-initialised.
-struct FlowletMlp {
-  fl::nn::Sequential model;
-  fl::nn::Linear* hidden = nullptr;
-  fl::nn::Linear* logits = nullptr;
-  std::vector<fl::Variable> params;
-
-  FlowletMlp() {
-    hidden = &model.add<fl::nn::Linear>(in_features, hidden_features, /*seed=*/1, "hidden");
-    model.add([](const fl::Tensor& x) { return fl::relu(x); });
-    logits = &model.add<fl::nn::Linear>(hidden_features, classes, /*seed=*/2, "logits");
-    params = {hidden->weight, hidden->bias, logits->weight, logits->bias};
-  }
-};
-
-#ifdef FLOWLET_BENCH_HAVE_TORCH
-at::Tensor to_torch(const fl::Tensor& t) {
-  std::vector<int64_t> sizes;
-  for (int64_t extent : t.shape()) sizes.push_back(extent);
-  if (t.dtype() == fl::i64) {
-    std::vector<int64_t> values = t.to_vector<int64_t>();
-    return at::from_blob(values.data(), sizes, at::kLong).clone();
-  }
-  std::vector<float> values = t.to_vector<float>();
-  return at::from_blob(values.data(), sizes, at::kFloat).clone();
-}
-
-std::vector<float> to_host(const at::Tensor& t) {
-  at::Tensor c = t.detach().contiguous();
-  const float* data = c.data_ptr<float>();
-  return std::vector<float>(data, data + c.numel());
-}
-
-// The same model built from ATen tensors with requires_grad, starting from flowlet's weights.
-struct TorchMlp {
-  at::Tensor w1, b1, w2, b2;
-
-  explicit TorchMlp(const FlowletMlp& ours)
-      : w1(to_torch(ours.hidden->weight.value()).requires_grad_()),
-        b1(to_torch(ours.hidden->bias.value()).requires_grad_()),
-        w2(to_torch(ours.logits->weight.value()).requires_grad_()),
-        b2(to_torch(ours.logits->bias.value()).requires_grad_()) {}
-
-  at::Tensor loss(const at::Tensor& x, const at::Tensor& labels) const {
-    at::Tensor h = at::relu(at::addmm(b1, x, w1));  // what torch.nn.Linear does: addmm
-    return at::cross_entropy_loss(at::addmm(b2, h, w2), labels);  // mean over the batch
-  }
-
-  // What torch.optim.SGD does without momentum: w += -lr * grad, then the gradients are zeroed.
-  void update() {
-    at::NoGradGuard no_grad;
-    for (at::Tensor* w : {&w1, &b1, &w2, &b2}) {
-      w->add_(w->grad(), -learning_rate);
-      w->mutable_grad().zero_();
-    }
-  }
-};
-#endif
+using namespace flowlet_bench::mlp;  // the model, its data and the libtorch peer (../mlp_step.hpp)
 
 void compare_training_step(int64_t batch, const bench::Target& target) {
   const std::string label = fmt::format("MLP train step, batch {}", batch);
   FlowletMlp ours;
   fl::optim::SGD sgd(learning_rate);
-  fl::Tensor x = fl::randn(fl::Shape{batch, in_features}, /*seed=*/42);
-  fl::Tensor labels = fl::tensor(label_values(batch), fl::Shape{batch});
+  const Batch data(batch);
+  const fl::Tensor& x = data.x;
+  const fl::Tensor& labels = data.labels;
 
-  auto flowlet_step = [&] {
-    fl::GradientTape tape;
-    fl::Tensor loss = fl::mean(fl::softmax_cross_entropy(ours.model(x), labels));
-    sgd.apply(tape.gradient(loss, ours.params), ours.params);
-    bench::do_not_optimize(loss);
-  };
+  auto flowlet_step = [&] { bench::do_not_optimize(ours.train_step(sgd, x, labels)); };
 
 #ifdef FLOWLET_BENCH_HAVE_TORCH
   // Checked once before timing, from identical weights: the loss and the first layer's weight
@@ -124,7 +45,7 @@ void compare_training_step(int64_t batch, const bench::Target& target) {
   at::Tensor tlabels = to_torch(labels);
   try {
     fl::GradientTape tape;
-    fl::Tensor loss = fl::mean(fl::softmax_cross_entropy(ours.model(x), labels));
+    fl::Tensor loss = ours.loss(x, labels);
     std::vector<fl::Tensor> grads = tape.gradient(loss, ours.params);
     at::Tensor tloss = peer.loss(tx, tlabels);
     tloss.backward();
@@ -145,12 +66,7 @@ void compare_training_step(int64_t batch, const bench::Target& target) {
                          "time per step (forward, backward, SGD update), 784-256-10 ReLU, 1 thread");
   bench::Result ours_result = section.run("flowlet", flowlet_step);
 #ifdef FLOWLET_BENCH_HAVE_TORCH
-  bench::Result peer_result = section.run("libtorch", [&] {
-    at::Tensor loss = peer.loss(tx, tlabels);
-    loss.backward();
-    peer.update();
-    bench::do_not_optimize(loss);
-  });
+  bench::Result peer_result = section.run("libtorch", [&] { bench::do_not_optimize(peer.train_step(tx, tlabels)); });
 #else
   bench::Result peer_result = section.skip("libtorch");
 #endif

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -80,6 +81,23 @@ std::shared_ptr<const void> copy_attributes(const void* attributes) {
   return std::make_shared<const Attributes>(*static_cast<const Attributes*>(attributes));
 }
 
+// Describes an op's attribute struct as text, every field, e.g. "axes=[1], keepdims=true": two
+// attribute structs of one op are equal exactly when their descriptions are (doubles print with
+// fmt's shortest round-trip form). Graph dumps show it; CSE compares nodes by it.
+using DescribeAttributesFn = std::string (*)(const void* attributes);
+
+// Calls the struct's `std::string describe() const`, or a free `describe(const Attributes&)` found
+// by argument-dependent lookup (for enums and other non-struct attributes).
+template <class Attributes>
+std::string describe_attributes(const void* attributes) {
+  const auto& value = *static_cast<const Attributes*>(attributes);
+  if constexpr (requires { value.describe(); }) {
+    return value.describe();
+  } else {
+    return describe(value);
+  }
+}
+
 enum OpFlags : uint32_t {
   kNoFlags = 0,
   kView = 1u << 0,         // outputs alias the input's storage; the kernel builds them itself
@@ -96,6 +114,7 @@ struct Op {
   std::array<KernelFn, kNumDeviceKinds> kernels{};  // a device supports the op iff its kernel is set
   GradFn grad = nullptr;                     // nullptr: not differentiable (comparisons, indices)
   CopyAttributesFn copy_attributes = nullptr;  // set when the op has an attribute struct
+  DescribeAttributesFn describe_attributes = nullptr;  // set together with copy_attributes
 
   bool has_flag(OpFlags flag) const { return (flags & flag) != 0; }
 };

@@ -33,9 +33,10 @@ class Variable {
   void assign_sub(const Tensor& t);
 
   const std::string& name() const;
-  Shape shape() const { return value().shape(); }
-  DType dtype() const { return value().dtype(); }
-  Device device() const { return value().device(); }
+  // Metadata only: unlike value(), these are not reads (no graph node, no tape watch).
+  Shape shape() const;
+  DType dtype() const;
+  Device device() const;
   bool defined() const { return static_cast<bool>(state_); }
   // The variable's identity (shared by every handle to it), for tapes and checkpoints.
   const void* identity() const { return state_.get(); }

@@ -79,7 +79,7 @@ Storage::Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> 
     : data_(data), bytes_(bytes), device_(device), owner_(std::move(owner)) {}
 
 Storage::~Storage() {
-  if (!owner_) detail::cpu_deallocate(data_, bytes_);
+  if (!owner_ && data_ != nullptr) detail::cpu_deallocate(data_, bytes_);  // symbolic tensors own none
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -134,7 +134,17 @@ void Tensor::check_single_element() const {
   }
 }
 
-void Tensor::copy_to_host(void* destination, const char*) const {
+void Tensor::throw_symbolic(const char* op) {
+  detail::fail<InvalidArgument>(
+      "{}: cannot read the elements of a symbolic tensor while tracing; got a tensor that the traced graph "
+      "computes later. The C++ code of a traced function runs once, when it is traced, before any values "
+      "exist: return the tensor from the function and read the result, or use flowlet::print / "
+      "flowlet::host_callback to see values each time the graph runs",
+      op);
+}
+
+void Tensor::copy_to_host(void* destination, const char* op) const {
+  if (is_symbolic()) throw_symbolic(op);
   const Tensor host = device().kind() == DeviceKind::cpu ? contiguous() : to(Device("cpu")).contiguous();
   std::memcpy(destination, host.raw_data(), static_cast<size_t>(numel()) * dtype_size(dtype()));
 }

@@ -1,27 +1,30 @@
 // Variables: a shared slot holding the current value; updates check first, then swap the value.
+// While a trace is active, reads and updates become stateful graph nodes instead (ops/state.cpp).
 #include "flowlet/variable.hpp"
 
-#include <mutex>
-
 #include "core/check.hpp"
+#include "core/variable_state.hpp"
 #include "flowlet/autodiff.hpp"
 #include "flowlet/ops/elementwise.hpp"
+#include "ops/state.hpp"
+#include "trace/tracer.hpp"
 
 namespace flowlet {
-namespace detail {
-struct VariableState {
-  std::string name;
-  mutable std::mutex mutex;  // guards `value` between threads that share the variable
-  Tensor value;
-};
-}  // namespace detail
 
 Variable::Variable(Tensor initial, std::string name) {
   if (!initial.defined()) {
     detail::fail<InvalidArgument>("Variable: initial value is an empty Tensor handle; got Tensor() for '{}'", name);
   }
+  if (initial.is_symbolic()) {
+    detail::fail<InvalidArgument>(
+        "Variable: initial value of '{}' is a symbolic tensor computed inside a traced function; got {} {}. Create "
+        "variables outside the traced function, or inside a flowlet::EagerScope from values that do not depend "
+        "on its arguments",
+        name, initial.shape(), initial.dtype());
+  }
   state_ = std::make_shared<detail::VariableState>();
   state_->name = std::move(name);
+  detail::EagerScope eager;  // the private copy below is made now, even inside a trace
   state_->value = cast(initial, initial.dtype());  // a private contiguous copy of the caller's tensor
 }
 
@@ -33,7 +36,9 @@ detail::VariableState& Variable::state() const {
 Tensor Variable::value() const {
   const auto& s = state();
   Tensor current;
-  {
+  if (detail::active_trace()) {
+    current = detail::record_variable_read(state_);
+  } else {
     std::lock_guard lock(s.mutex);
     current = s.value;
   }
@@ -44,42 +49,67 @@ Tensor Variable::value() const {
 const std::string& Variable::name() const { return state().name; }
 
 namespace {
-void check_update(const char* op, const detail::VariableState& s, const Tensor& t) {
-  if (!t.defined()) detail::fail<InvalidArgument>("{}: update is an empty Tensor handle; got Tensor() for '{}'", op, s.name);
+Tensor peek(const detail::VariableState& s) {
+  std::lock_guard lock(s.mutex);
+  return s.value;
+}
+}  // namespace
+
+Shape Variable::shape() const { return peek(state()).shape(); }
+DType Variable::dtype() const { return peek(state()).dtype(); }
+Device Variable::device() const { return peek(state()).device(); }
+
+namespace detail {
+
+void check_variable_update(const char* op, const VariableState& s, const Tensor& t) {
+  if (!t.defined()) fail<InvalidArgument>("{}: update is an empty Tensor handle; got Tensor() for '{}'", op, s.name);
   if (t.dtype() != s.value.dtype()) {
-    detail::fail<DTypeError>("{}: dtype differs from variable '{}'; got {} for a {} variable", op, s.name, t.dtype(),
-                             s.value.dtype());
+    fail<DTypeError>("{}: dtype differs from variable '{}'; got {} for a {} variable", op, s.name, t.dtype(),
+                     s.value.dtype());
   }
   if (!(t.shape() == s.value.shape())) {
-    detail::fail<ShapeError>("{}: shape differs from variable '{}'; got {} for a {} variable", op, s.name, t.shape(),
-                             s.value.shape());
+    fail<ShapeError>("{}: shape differs from variable '{}'; got {} for a {} variable", op, s.name, t.shape(),
+                     s.value.shape());
   }
   if (t.device() != s.value.device()) {
-    detail::fail<DeviceError>("{}: device differs from variable '{}'; got {} for a variable on {}", op, s.name,
-                              t.device(), s.value.device());
+    fail<DeviceError>("{}: device differs from variable '{}'; got {} for a variable on {}", op, s.name, t.device(),
+                      s.value.device());
+  }
+}
+
+void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt) {
+  static constexpr const char* names[] = {"assign", "assign_add", "assign_sub"};
+  std::lock_guard lock(s.mutex);
+  check_variable_update(names[static_cast<int>(mode)], s, t);
+  switch (mode) {
+    case AssignMode::assign:
+      // A private copy, unless t is a fresh result: later changes to t's storage must not leak in.
+      s.value = adopt && t.is_contiguous() ? t : cast(t, t.dtype());
+      break;
+    case AssignMode::add:
+      s.value = s.value + t;
+      break;
+    case AssignMode::sub:
+      s.value = s.value - t;
+      break;
+  }
+}
+
+}  // namespace detail
+
+namespace {
+void update(const std::shared_ptr<detail::VariableState>& state, detail::AssignMode mode, const Tensor& t) {
+  if (!state) throw InvalidArgument("Variable: this is an empty Variable handle (default-constructed)");
+  if (detail::active_trace()) {
+    detail::record_variable_update(state, mode, t);
+  } else {
+    detail::apply_variable_update(*state, mode, t, /*adopt=*/false);
   }
 }
 }  // namespace
 
-void Variable::assign(const Tensor& t) {
-  auto& s = state();
-  std::lock_guard lock(s.mutex);
-  check_update("assign", s, t);
-  s.value = cast(t, t.dtype());  // a private copy: later changes to t's storage do not leak in
-}
-
-void Variable::assign_add(const Tensor& t) {
-  auto& s = state();
-  std::lock_guard lock(s.mutex);
-  check_update("assign_add", s, t);
-  s.value = s.value + t;
-}
-
-void Variable::assign_sub(const Tensor& t) {
-  auto& s = state();
-  std::lock_guard lock(s.mutex);
-  check_update("assign_sub", s, t);
-  s.value = s.value - t;
-}
+void Variable::assign(const Tensor& t) { update(state_, detail::AssignMode::assign, t); }
+void Variable::assign_add(const Tensor& t) { update(state_, detail::AssignMode::add, t); }
+void Variable::assign_sub(const Tensor& t) { update(state_, detail::AssignMode::sub, t); }
 
 }  // namespace flowlet

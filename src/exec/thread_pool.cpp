@@ -1,12 +1,15 @@
-// A fixed pool of intra-op workers. A job lives on its caller's stack; workers join it under the
-// pool mutex, take chunk numbers from an atomic counter, and the caller removes the job and waits
-// until no worker is inside it before returning (so no worker touches a dead job).
+// The one pool of workers for the process: parallel_for jobs and scheduled tasks share them. A job
+// lives on its caller's stack; workers join it under the pool mutex, take chunk numbers from an
+// atomic counter, and the caller removes the job and waits until no worker is inside it before
+// returning (so no worker touches a dead job). Chunks never block (nested calls run inline), so a
+// caller waits only for work that is already running and cannot deadlock on a busy worker.
 #include "exec/thread_pool.hpp"
 
 #include <algorithm>
-#include <cstdint>
 #include <atomic>
+#include <cassert>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <exception>
@@ -17,21 +20,25 @@
 namespace flowlet::detail {
 namespace {
 
-thread_local bool inside_worker = false;
+// True while this thread runs a chunk: a nested parallel_for then runs inline. A task is not a
+// chunk, so a task (or a worker between jobs) may still spread its own parallel_for.
+thread_local bool inside_chunk = false;
 
 struct Job {
   Job(FunctionRef<void(int64_t)> body_, int64_t chunks_) : body(body_), chunks(chunks_) {}
 
   FunctionRef<void(int64_t)> body;
   int64_t chunks;
-  uint64_t sequence = 0;   // set under the pool mutex; tells jobs apart even at one stack address
   std::atomic<int64_t> next{0};
-  int active_workers = 0;  // guarded by the pool mutex
+  int active_workers = 0;    // guarded by the pool mutex
   std::exception_ptr error;  // guarded by the pool mutex
+
+  bool has_chunks_left() const { return next.load(std::memory_order_relaxed) < chunks; }
 
   // Runs chunks until none is left; returns the first exception thrown, if any.
   std::exception_ptr work() {
     std::exception_ptr first;
+    inside_chunk = true;
     for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
       try {
         body(c);
@@ -39,9 +46,27 @@ struct Job {
         if (!first) first = std::current_exception();
       }
     }
+    inside_chunk = false;
     return first;
   }
 };
+
+struct Task {
+  void (*fn)(void*);
+  void* arg;
+};
+
+void run_task(Task task) {
+#ifdef NDEBUG
+  task.fn(task.arg);
+#else
+  try {
+    task.fn(task.arg);
+  } catch (...) {
+    assert(!"schedule: a task threw; tasks must catch their own exceptions");
+  }
+#endif
+}
 
 class ThreadPool {
  public:
@@ -60,46 +85,61 @@ class ThreadPool {
   void run(Job& job) {
     {
       std::lock_guard lock(mutex_);
-      job.sequence = ++jobs_started_;
-      queue_.push_back(&job);
+      jobs_.push_back(&job);
     }
     wake_workers_.notify_all();
     std::exception_ptr error = job.work();
     std::unique_lock lock(mutex_);
-    queue_.erase(std::find(queue_.begin(), queue_.end(), &job));
+    jobs_.erase(std::find(jobs_.begin(), jobs_.end(), &job));
     job_done_.wait(lock, [&] { return job.active_workers == 0; });
     if (!error) error = job.error;
     if (error) std::rethrow_exception(error);
   }
 
+  void schedule(Task task) {
+    {
+      std::lock_guard lock(mutex_);
+      tasks_.push_back(task);
+    }
+    wake_workers_.notify_one();
+  }
+
  private:
+  // The oldest job with chunks nobody has taken yet; called under the mutex.
+  Job* open_job() const {
+    auto it = std::find_if(jobs_.begin(), jobs_.end(), [](const Job* j) { return j->has_chunks_left(); });
+    return it == jobs_.end() ? nullptr : *it;
+  }
+
   void worker_loop() {
-    inside_worker = true;
-    uint64_t exhausted = 0;  // sequence of the last job this worker found with nothing left
     std::unique_lock lock(mutex_);
     for (;;) {
-      wake_workers_.wait(lock, [&] { return stopping_ || (!queue_.empty() && queue_.front()->sequence != exhausted); });
+      Job* job = nullptr;
+      wake_workers_.wait(lock, [&] { return stopping_ || (job = open_job()) != nullptr || !tasks_.empty(); });
       if (stopping_) return;
-      Job* job = queue_.front();
-      if (job->next.load(std::memory_order_relaxed) >= job->chunks) {
-        exhausted = job->sequence;  // let its caller retire it; wait for another
-        continue;
+      if (job) {  // chunks first: their caller is waiting, and they are short
+        ++job->active_workers;
+        lock.unlock();
+        std::exception_ptr error = job->work();
+        lock.lock();
+        if (error && !job->error) job->error = error;
+        if (--job->active_workers == 0) job_done_.notify_all();
+      } else {
+        const Task task = tasks_.front();
+        tasks_.pop_front();
+        lock.unlock();
+        run_task(task);
+        lock.lock();
       }
-      ++job->active_workers;
-      lock.unlock();
-      std::exception_ptr error = job->work();
-      lock.lock();
-      if (error && !job->error) job->error = error;
-      if (--job->active_workers == 0) job_done_.notify_all();
     }
   }
 
   std::mutex mutex_;
   std::condition_variable wake_workers_;
   std::condition_variable job_done_;
-  std::deque<Job*> queue_;
+  std::vector<Job*> jobs_;  // parallel_for calls in flight, oldest first
+  std::deque<Task> tasks_;
   bool stopping_ = false;
-  uint64_t jobs_started_ = 0;
   std::vector<std::thread> workers_;
 };
 
@@ -125,12 +165,20 @@ int intra_op_threads() {
 }
 
 void run_chunks(int64_t chunks, FunctionRef<void(int64_t)> body) {
-  if (inside_worker || intra_op_threads() == 1) {
+  if (inside_chunk || intra_op_threads() == 1) {
     for (int64_t c = 0; c < chunks; ++c) body(c);
     return;
   }
   Job job(body, chunks);
   pool().run(job);
+}
+
+void schedule(void (*fn)(void*), void* arg) {
+  if (intra_op_threads() == 1) {
+    run_task({fn, arg});
+    return;
+  }
+  pool().schedule({fn, arg});
 }
 
 }  // namespace flowlet::detail

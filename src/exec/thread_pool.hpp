@@ -1,4 +1,6 @@
-// The intra-op thread pool and parallel_for: large kernels split their index range over the cores.
+// The process-wide thread pool: parallel_for chunks (intra-op) and scheduled tasks (inter-op) share
+// one set of workers, and matmul keeps OpenBLAS single-threaded, so the only threads flowlet adds
+// to its callers' are the FLOWLET_NUM_THREADS - 1 workers.
 #pragma once
 
 #include <cstdint>
@@ -23,15 +25,27 @@ class FunctionRef<R(Args...)> {
   R (*call_)(void*, Args...);
 };
 
-// Threads that parallel_for uses (workers plus the calling thread). FLOWLET_NUM_THREADS overrides.
+// The thread budget: the pool's workers plus one calling thread (FLOWLET_NUM_THREADS, default all
+// hardware threads; read once). The pool starts intra_op_threads() - 1 workers.
 int intra_op_threads();
 
-// Runs body(chunk) for every chunk in [0, chunks), the caller taking part. Rethrows the first
-// exception a chunk threw, after every chunk has finished.
+// Runs body(chunk) for every chunk in [0, chunks), the caller taking part; idle workers help, and
+// when none is idle the caller runs every chunk itself. Callable from any number of threads at
+// once, scheduled tasks included; it waits only for chunks a worker has already started. Rethrows
+// the first exception a chunk threw, after every chunk has finished.
 void run_chunks(int64_t chunks, FunctionRef<void(int64_t)> body);
 
+// Runs fn(arg) soon on a pool worker and returns at once (the executor's ready nodes):
+//   schedule([](void* p) noexcept { static_cast<Node*>(p)->run(); }, &node);
+// Tasks start in the order scheduled, after any parallel_for chunks waiting for a worker; a task
+// may call parallel_for and schedule, but must not block until another task runs (with every
+// worker so blocked, nothing would run it). fn must not throw: catch inside it and report through
+// arg (debug builds assert). With a budget of 1 there is no worker and fn runs inline, before
+// schedule returns, so a caller that needs concurrency schedules only when intra_op_threads() > 1.
+void schedule(void (*fn)(void*), void* arg);
+
 // Calls body(begin, end) over [0, n) in pieces of at least `grain` elements, in parallel when n is
-// large enough to pay for waking a thread. Nested calls from inside a worker run inline.
+// large enough to pay for waking a thread. Nested calls from inside a chunk run inline.
 template <class Body>
 void parallel_for(int64_t n, int64_t grain, Body&& body) {
   if (n <= 0) return;

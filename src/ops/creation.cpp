@@ -42,6 +42,9 @@ struct FullAttrs {
   double value;
   DType dtype;
   Device device;
+  std::string describe() const {
+    return fmt::format("shape={}, value={}, dtype={}, device={}", shape, value, dtype, device);
+  }
 };
 
 void full_infer(const OpCall& call, OutputSpec& spec) {
@@ -61,6 +64,7 @@ struct ArangeAttrs {
   int64_t n;
   DType dtype;
   Device device;
+  std::string describe() const { return fmt::format("n={}, dtype={}, device={}", n, dtype, device); }
 };
 
 void arange_infer(const OpCall& call, OutputSpec& spec) {
@@ -87,6 +91,9 @@ struct RandomAttrs {
   uint64_t seed;
   DType dtype;
   Device device;
+  std::string describe() const {
+    return fmt::format("shape={}, lo={}, hi={}, seed={}, dtype={}, device={}", shape, lo, hi, seed, dtype, device);
+  }
 };
 
 template <const char* Name>
@@ -122,10 +129,15 @@ void uniform_kernel(const OpCall& call, std::span<Tensor> out) {
 constexpr char kRandn[] = "randn";
 constexpr char kUniform[] = "uniform";
 
-Op full_op{"full", 0, 0, kNoFlags, &full_infer, {&full_kernel, nullptr}};
-Op arange_op{"arange", 0, 0, kNoFlags, &arange_infer, {&arange_kernel, nullptr}};
-Op randn_op{"randn", 0, 0, kNoFlags, &random_infer<kRandn>, {&randn_kernel, nullptr}};
-Op uniform_op{"uniform", 0, 0, kNoFlags, &random_infer<kUniform>, {&uniform_kernel, nullptr}};
+// Creation ops keep their attributes too: a traced graph records them like any other op.
+Op full_op{"full", 0, 0, kNoFlags, &full_infer, {&full_kernel, nullptr}, nullptr, &copy_attributes<FullAttrs>,
+           &describe_attributes<FullAttrs>};
+Op arange_op{"arange", 0, 0, kNoFlags, &arange_infer, {&arange_kernel, nullptr}, nullptr,
+             &copy_attributes<ArangeAttrs>, &describe_attributes<ArangeAttrs>};
+Op randn_op{"randn", 0, 0, kNoFlags, &random_infer<kRandn>, {&randn_kernel, nullptr}, nullptr,
+            &copy_attributes<RandomAttrs>, &describe_attributes<RandomAttrs>};
+Op uniform_op{"uniform", 0, 0, kNoFlags, &random_infer<kUniform>, {&uniform_kernel, nullptr}, nullptr,
+              &copy_attributes<RandomAttrs>, &describe_attributes<RandomAttrs>};
 
 }  // namespace
 

@@ -9,7 +9,9 @@
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "autodiff/grad_helpers.hpp"
+#include "exec/thread_pool.hpp"
 #include "kernels/elementwise_loop.hpp"
+#include "kernels/vector_math.hpp"
 #include "ops/registry.hpp"
 
 namespace flowlet {
@@ -57,10 +59,19 @@ struct Abs {
 };
 struct Square { template <class T> T operator()(T a) const { return Mul{}(a, a); } };
 struct Relu { template <class T> T operator()(T a) const { return a > T{0} ? a : T{0}; } };
-struct Exp { template <class T> T operator()(T a) const { return std::exp(a); } };
-struct Log { template <class T> T operator()(T a) const { return std::log(a); } };
+struct Exp {
+  template <class T> T operator()(T a) const { return std::exp(a); }
+  static VectorMathF32 vector_f32() { return vector_exp_f32(); }
+};
+struct Log {
+  template <class T> T operator()(T a) const { return std::log(a); }
+  static VectorMathF32 vector_f32() { return vector_log_f32(); }
+};
 struct Sqrt { template <class T> T operator()(T a) const { return std::sqrt(a); } };
-struct Tanh { template <class T> T operator()(T a) const { return std::tanh(a); } };
+struct Tanh {
+  template <class T> T operator()(T a) const { return std::tanh(a); }
+  static VectorMathF32 vector_f32() { return vector_tanh_f32(); }
+};
 struct Sigmoid {  // never exponentiates a large positive number
   template <class T>
   T operator()(T a) const {
@@ -148,6 +159,16 @@ template <class F, DTypeSet Allowed>
 void unary_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor& t = call.inputs[0];
   if (is_half(t.dtype())) return run_upcast(call, out, &unary_kernel<F, Allowed>);
+  if constexpr (requires { F::vector_f32(); }) {
+    // Transcendentals on contiguous f32: libmvec's SIMD versions (kernels/vector_math.hpp).
+    const VectorMathF32 vector = F::vector_f32();
+    if (vector && t.dtype() == f32 && t.is_contiguous() && out[0].is_contiguous()) {
+      const float* in = static_cast<const float*>(t.raw_data());
+      float* result = static_cast<float*>(out[0].raw_data());
+      parallel_for(t.numel(), kParallelGrain, [&](int64_t begin, int64_t end) { vector(in + begin, result + begin, end - begin); });
+      return;
+    }
+  }
   visit_dtype<Allowed & ~kHalves>(t.dtype(), [&]<class T>(TypeTag<T>) { map_elements<T, T>(out[0], {&t}, F{}); });
 }
 
@@ -181,6 +202,7 @@ void where_kernel(const OpCall& call, std::span<Tensor> out) {
 
 struct CastAttrs {
   DType dtype;
+  std::string describe() const { return fmt::format("dtype={}", dtype); }
 };
 
 void cast_infer(const OpCall& call, OutputSpec& spec) {
@@ -286,7 +308,7 @@ Op greater_op = binary_op<Greater, kAll, true>("greater");
 Op greater_equal_op = binary_op<GreaterEqual, kAll, true>("greater_equal");
 Op where_op{"where", 3, 3, kElementwise, &where_infer, {&where_kernel, nullptr}, &where_grad};
 Op cast_op{"cast", 1, 1, kElementwise, &cast_infer, {&cast_kernel, nullptr}, &cast_grad,
-           &copy_attributes<CastAttrs>};
+           &copy_attributes<CastAttrs>, &describe_attributes<CastAttrs>};
 
 }  // namespace
 

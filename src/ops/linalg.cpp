@@ -1,5 +1,5 @@
-// matmul: rank 2 and batched rank 3, through OpenBLAS. Transposed views go to BLAS as a transpose
-// flag, not a copy; other strided inputs are copied once.
+// matmul: rank 2 and batched rank 3, through single-threaded OpenBLAS calls spread over the pool.
+// Transposed views go to BLAS as a transpose flag, not a copy; other strided inputs are copied once.
 #include "flowlet/ops/linalg.hpp"
 
 #include <cblas.h>
@@ -11,6 +11,7 @@
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/reduce.hpp"
 #include "flowlet/ops/shape.hpp"
+#include "exec/thread_pool.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "ops/registry.hpp"
 
@@ -76,6 +77,46 @@ BlasOperand blas_operand(const Tensor& t) {
   return make(packed, CblasNoTrans, cols);
 }
 
+// Below this many multiply-adds per thread a product runs as one BLAS call. Waking a worker costs
+// about 10 us; this is about 40 us of single-core GEMM, so a split gains at least what it costs.
+// It also keeps every block above OpenBLAS's small-matrix size (about 1e6), whose kernel sums in
+// another order than the blocked one.
+constexpr double kGemmWorkPerThread = 128.0 * 128.0 * 128.0;
+// Blocks start at multiples of this many rows (columns), a multiple of OpenBLAS's micro-tiles, so
+// a block is tiled as in one call. Every block sums the full k, and with OpenBLAS 0.3.21 f32
+// products then have the same bits for any thread count (f64 edge tiles may differ in the last bit).
+constexpr int64_t kGemmAlign = 16;
+
+// OpenBLAS would otherwise start its own threads for every call on top of the pool (two GEMMs from
+// two inter-op tasks would each take all cores): the pool is the only source of threads, and big
+// products are split below into single-threaded calls.
+void use_pool_threads_only() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
+
+// C rows [r0, r1) and columns [c0, c1) of one matrix of the batch: one single-threaded BLAS call.
+void gemm_block(DType dtype, const BlasOperand& pa, const BlasOperand& pb, const char* ai, const char* bi,
+                char* ci, int64_t n, int64_t k, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const int64_t element = static_cast<int64_t>(dtype_size(dtype));
+  // Row r of op(A) starts r rows into A, or r columns into the stored A^T; likewise for B's columns.
+  ai += (pa.transpose == CblasNoTrans ? r0 * pa.leading : r0) * element;
+  bi += (pb.transpose == CblasNoTrans ? c0 : c0 * pb.leading) * element;
+  ci += (r0 * n + c0) * element;
+  const int M = static_cast<int>(r1 - r0), N = static_cast<int>(c1 - c0), K = static_cast<int>(k);
+  const int ldc = static_cast<int>(n);
+  if (dtype == f32) {
+    cblas_sgemm(CblasRowMajor, pa.transpose, pb.transpose, M, N, K, 1.0f, reinterpret_cast<const float*>(ai),
+                pa.leading, reinterpret_cast<const float*>(bi), pb.leading, 0.0f, reinterpret_cast<float*>(ci), ldc);
+  } else {
+    cblas_dgemm(CblasRowMajor, pa.transpose, pb.transpose, M, N, K, 1.0, reinterpret_cast<const double*>(ai),
+                pa.leading, reinterpret_cast<const double*>(bi), pb.leading, 0.0, reinterpret_cast<double*>(ci), ldc);
+  }
+}
+
 void matmul_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
@@ -88,22 +129,36 @@ void matmul_kernel(const OpCall& call, std::span<Tensor> out) {
     std::memset(c.raw_data(), 0, bytes);
     return;
   }
+  use_pool_threads_only();
   const BlasOperand pa = blas_operand(a), pb = blas_operand(b);
   char* pc = static_cast<char*>(c.raw_data());
   const int64_t c_stride = m * n * static_cast<int64_t>(dtype_size(c.dtype()));
-  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-  for (int64_t i = 0; i < batch; ++i) {
-    const char* ai = pa.base + i * pa.batch_stride;
-    const char* bi = pb.base + i * pb.batch_stride;
-    char* ci = pc + i * c_stride;
-    if (c.dtype() == f32) {
-      cblas_sgemm(CblasRowMajor, pa.transpose, pb.transpose, M, N, K, 1.0f, reinterpret_cast<const float*>(ai),
-                  pa.leading, reinterpret_cast<const float*>(bi), pb.leading, 0.0f, reinterpret_cast<float*>(ci), N);
-    } else {
-      cblas_dgemm(CblasRowMajor, pa.transpose, pb.transpose, M, N, K, 1.0, reinterpret_cast<const double*>(ai),
-                  pa.leading, reinterpret_cast<const double*>(bi), pb.leading, 0.0, reinterpret_cast<double*>(ci), N);
-    }
+  auto block = [&](int64_t i, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    gemm_block(c.dtype(), pa, pb, pa.base + i * pa.batch_stride, pb.base + i * pb.batch_stride, pc + i * c_stride, n,
+               k, r0, r1, c0, c1);
+  };
+  // Threads that pay: each needs kGemmWorkPerThread multiply-adds (double: m * n * k can pass 2^63).
+  const double work = static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const auto parts = static_cast<int64_t>(std::min<double>(intra_op_threads(), work / kGemmWorkPerThread));
+  if (parts <= 1) {
+    for (int64_t i = 0; i < batch; ++i) block(i, 0, m, 0, n);
+    return;
   }
+  // A piece is one matrix of the batch, or a block of its rows (of its columns when it is wider
+  // than tall): a big batch splits over matrices, a single big product into near-equal blocks.
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n;
+  // At most extent / kGemmAlign blocks, so no block is empty.
+  const int64_t per_matrix = std::clamp<int64_t>((parts + batch - 1) / batch, 1, std::max<int64_t>(extent / kGemmAlign, 1));
+  auto edge = [&](int64_t j) { return j == per_matrix ? extent : extent * j / per_matrix / kGemmAlign * kGemmAlign; };
+  const int64_t pieces = batch * per_matrix;
+  parallel_for(pieces, (pieces + parts - 1) / parts, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t i = p / per_matrix, lo = edge(p % per_matrix), hi = edge(p % per_matrix + 1);
+      if (by_rows) block(i, lo, hi, 0, n);
+      else block(i, 0, m, lo, hi);
+    }
+  });
 }
 
 // The last two dimensions swapped (a view).

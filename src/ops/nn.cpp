@@ -31,6 +31,7 @@ std::vector<int64_t> read_indices(const Tensor& indices) {
 
 struct OneHotAttrs {
   int64_t depth;
+  std::string describe() const { return fmt::format("depth={}", depth); }
 };
 
 void one_hot_infer(const OpCall& call, OutputSpec& spec) {
@@ -59,6 +60,7 @@ void one_hot_kernel(const OpCall& call, std::span<Tensor> out) {
 
 struct AxisAttrs {
   int64_t axis;
+  std::string describe() const { return fmt::format("axis={}", axis); }
 };
 
 void softmax_infer(const OpCall& call, OutputSpec& spec) {
@@ -156,11 +158,11 @@ void cross_entropy_grad(const GradCall& c, std::span<const Tensor> g, std::span<
 }
 
 Op one_hot_op{"one_hot", 1, 1, kNoFlags, &one_hot_infer, {&one_hot_kernel, nullptr}, nullptr,
-              &copy_attributes<OneHotAttrs>};
+              &copy_attributes<OneHotAttrs>, &describe_attributes<OneHotAttrs>};
 Op softmax_op{"softmax", 1, 1, kNoFlags, &softmax_infer, {&softmax_kernel<false>, nullptr}, &softmax_grad,
-              &copy_attributes<AxisAttrs>};
+              &copy_attributes<AxisAttrs>, &describe_attributes<AxisAttrs>};
 Op log_softmax_op{"log_softmax", 1, 1, kNoFlags, &softmax_infer, {&softmax_kernel<true>, nullptr},
-                  &log_softmax_grad, &copy_attributes<AxisAttrs>};
+                  &log_softmax_grad, &copy_attributes<AxisAttrs>, &describe_attributes<AxisAttrs>};
 Op cross_entropy_op{"softmax_cross_entropy", 2, 2, kNoFlags, &cross_entropy_infer, {&cross_entropy_kernel, nullptr},
                     &cross_entropy_grad};
 

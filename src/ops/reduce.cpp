@@ -105,6 +105,9 @@ struct ReduceAttrs {
   std::vector<int64_t> axes;
   bool keepdims;
   bool all_axes;  // sum(t): every axis
+  std::string describe() const {
+    return fmt::format("axes=[{}], keepdims={}, all_axes={}", fmt::join(axes, ", "), keepdims, all_axes);
+  }
 };
 
 // The reduced axes, sorted and checked (InvalidArgument on out-of-range or repeated axes).
@@ -237,6 +240,7 @@ void reduce_kernel(const OpCall& call, std::span<Tensor> out) {
 
 struct ArgmaxAttrs {
   int64_t axis;
+  std::string describe() const { return fmt::format("axis={}", axis); }
 };
 
 void argmax_infer(const OpCall& call, OutputSpec& spec) {
@@ -296,10 +300,11 @@ constexpr char kSum[] = "sum";
 constexpr char kMax[] = "max";
 
 Op sum_op{"sum", 1, 1, kNoFlags, &reduce_infer<kSum, kSumTypes>, {&reduce_kernel<SumPolicy, kSumTypes>, nullptr},
-          &sum_grad, &copy_attributes<ReduceAttrs>};
+          &sum_grad, &copy_attributes<ReduceAttrs>, &describe_attributes<ReduceAttrs>};
 Op max_op{"max", 1, 1, kNoFlags, &reduce_infer<kMax, kOrderTypes>, {&reduce_kernel<MaxPolicy, kOrderTypes>, nullptr},
-          &max_grad, &copy_attributes<ReduceAttrs>};
-Op argmax_op{"argmax", 1, 1, kNoFlags, &argmax_infer, {&argmax_kernel, nullptr}, nullptr, &copy_attributes<ArgmaxAttrs>};
+          &max_grad, &copy_attributes<ReduceAttrs>, &describe_attributes<ReduceAttrs>};
+Op argmax_op{"argmax", 1, 1, kNoFlags, &argmax_infer, {&argmax_kernel, nullptr}, nullptr, &copy_attributes<ArgmaxAttrs>,
+             &describe_attributes<ArgmaxAttrs>};
 
 }  // namespace
 

@@ -23,6 +23,7 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
 
 struct ReshapeAttrs {
   Shape shape;
+  std::string describe() const { return fmt::format("shape={}", shape); }
 };
 
 Shape resolve_reshape(const Tensor& t, const Shape& requested) {
@@ -70,6 +71,7 @@ void reshape_kernel(const OpCall& call, std::span<Tensor> out) {
 
 struct PermuteAttrs {
   std::vector<int64_t> perm;
+  std::string describe() const { return fmt::format("perm=[{}]", fmt::join(perm, ", ")); }
 };
 
 void permute_infer(const OpCall& call, OutputSpec& spec) {
@@ -109,6 +111,7 @@ void copy_kernel(const OpCall& call, std::span<Tensor> out) { copy_elements(out[
 
 struct ToDeviceAttrs {
   Device device;
+  std::string describe() const { return fmt::format("device={}", device); }
 };
 
 void to_device_infer(const OpCall& call, OutputSpec& spec) {
@@ -118,6 +121,7 @@ void to_device_infer(const OpCall& call, OutputSpec& spec) {
 
 struct ConcatAttrs {
   int64_t axis;
+  std::string describe() const { return fmt::format("axis={}", axis); }
 };
 
 void concat_infer(const OpCall& call, OutputSpec& spec) {
@@ -191,6 +195,7 @@ struct SliceAttrs {
   int64_t axis;
   int64_t start;
   int64_t length;
+  std::string describe() const { return fmt::format("axis={}, start={}, length={}", axis, start, length); }
 };
 
 void slice_infer(const OpCall& call, OutputSpec& spec) {
@@ -298,20 +303,26 @@ void scatter_add_grad(const GradCall& c, std::span<const Tensor> g, std::span<Te
   dx[1] = gather(g[0], c.inputs[0]);
 }
 
+// scatter_add's attribute is the bare row count (an int64_t, not a struct).
+std::string describe_rows(const void* attributes) {
+  return fmt::format("rows={}", *static_cast<const int64_t*>(attributes));
+}
+
 Op reshape_op{"reshape", 1, 1, kView, &reshape_infer, {&reshape_kernel, nullptr}, &reshape_grad,
-              &copy_attributes<ReshapeAttrs>};
+              &copy_attributes<ReshapeAttrs>, &describe_attributes<ReshapeAttrs>};
 Op permute_op{"permute", 1, 1, kView, &permute_infer, {&permute_kernel, nullptr}, &permute_grad,
-              &copy_attributes<PermuteAttrs>};
-Op slice_op{"slice", 1, 1, kView, &slice_infer, {&slice_kernel, nullptr}, &slice_grad, &copy_attributes<SliceAttrs>};
+              &copy_attributes<PermuteAttrs>, &describe_attributes<PermuteAttrs>};
+Op slice_op{"slice", 1, 1, kView, &slice_infer, {&slice_kernel, nullptr}, &slice_grad, &copy_attributes<SliceAttrs>,
+            &describe_attributes<SliceAttrs>};
 Op copy_op{"copy", 1, 1, kElementwise, &same_meta_infer, {&copy_kernel, nullptr}, &copy_grad};
 // The CPU kernel copies between CPU devices; other backends register theirs for their kind.
 Op to_device_op{"to_device", 1, 1, kNoFlags, &to_device_infer, {&copy_kernel, nullptr}, &to_device_grad,
-                &copy_attributes<ToDeviceAttrs>};
+                &copy_attributes<ToDeviceAttrs>, &describe_attributes<ToDeviceAttrs>};
 Op concat_op{"concat", 1, -1, kNoFlags, &concat_infer, {&concat_kernel, nullptr}, &concat_grad,
-             &copy_attributes<ConcatAttrs>};
+             &copy_attributes<ConcatAttrs>, &describe_attributes<ConcatAttrs>};
 Op gather_op{"gather", 2, 2, kNoFlags, &gather_infer, {&gather_kernel, nullptr}, &gather_grad};
 Op scatter_add_op{"scatter_add", 2, 2, kNoFlags, &scatter_add_infer, {&scatter_add_kernel, nullptr}, &scatter_add_grad,
-                  &copy_attributes<int64_t>};
+                  &copy_attributes<int64_t>, &describe_rows};
 
 }  // namespace
 

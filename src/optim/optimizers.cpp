@@ -6,6 +6,7 @@
 #include "flowlet/ops/creation.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/optim.hpp"
+#include "flowlet/trace.hpp"
 
 namespace flowlet::optim {
 namespace {
@@ -26,7 +27,10 @@ Variable& Optimizer::slot(const Variable& var, const std::string& slot_name) {
   auto& per_variable = slots_[var.identity()];
   auto found = per_variable.find(slot_name);
   if (found == per_variable.end()) {
-    Variable created(zeros_like(var.value()), name_ + "/" + var.name() + "/" + slot_name);
+    // Slots are created eagerly even when the first apply() is being traced: they are state that
+    // outlives the trace, and the traced graph reads and updates them like any variable.
+    EagerScope eager;
+    Variable created(zeros(var.shape(), var.dtype(), var.device()), name_ + "/" + var.name() + "/" + slot_name);
     found = per_variable.emplace(slot_name, created).first;
     slot_order_.push_back(created);
   }

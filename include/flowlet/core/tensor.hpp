@@ -29,6 +29,11 @@ struct TensorImpl final : RefCounted {
   Strides strides;
   int64_t offset = 0;  // in elements
   DType dtype = DType::f32;
+  // Non-zero while the tensor is symbolic: a value of graph `trace_id` being traced (output
+  // `trace_output` of node `trace_node`), with a shape and dtype but no elements yet.
+  uint32_t trace_id = 0;
+  int32_t trace_node = -1;
+  int32_t trace_output = 0;
   Ref<Storage> storage;
 };
 }  // namespace detail
@@ -48,6 +53,9 @@ class Tensor {
   static Tensor view(Ref<Storage> storage, Shape shape, Strides strides, int64_t offset, DType dtype);
 
   bool defined() const { return static_cast<bool>(impl_); }
+  // True inside trace() for tensors that stand for values the graph computes later: they have a
+  // shape, dtype and device, and ops on them record graph nodes, but their elements cannot be read.
+  bool is_symbolic() const { return impl().trace_id != 0; }
   const Shape& shape() const { return impl().shape; }
   const Strides& strides() const { return impl().strides; }
   int64_t offset() const { return impl().offset; }
@@ -66,6 +74,7 @@ class Tensor {
   template <Element T>
   T* data() const {
     check_element_type(dtype_of<T>, "data");
+    if (is_symbolic()) throw_symbolic("data");
     return static_cast<T*>(raw_data());
   }
 
@@ -106,6 +115,7 @@ class Tensor {
     return *impl_;
   }
   [[noreturn]] static void throw_undefined();
+  [[noreturn]] static void throw_symbolic(const char* op);
   void check_element_type(DType requested, const char* op) const;
   void check_single_element() const;
   void copy_to_host(void* destination, const char* op) const;  // row-major, all elements

@@ -1,0 +1,280 @@
+// trace(fn): records what fn does into a dataflow graph, optimizes it once, and runs the graph on
+// later calls with the same signature.
+//
+//   Variable w(randn({784, 10}, 1) * 0.01f, "w");
+//   optim::SGD opt(0.1);
+//   auto step = trace([&](Tensor x, Tensor y) {
+//     GradientTape tape;
+//     Tensor loss = mean(softmax_cross_entropy(matmul(x, w), y));
+//     opt.apply(tape.gradient(loss, {w}), {w});
+//     return loss;
+//   });
+//   Tensor loss = step(x, y);   // first call with this signature traces; later calls run the graph
+//
+// What to know:
+//   - The signature of a call is the dtype, shape and device of each tensor argument and the value
+//     of every other argument. A new signature traces fn again (trace_count() counts them; a
+//     warning names the difference when one function keeps retracing). TraceOptions::unknown_dims
+//     lets one graph serve every size of a dimension, e.g. the batch.
+//   - fn's own C++ code runs only while it is traced: a std::cout in fn prints once. Use
+//     flowlet::print or flowlet::host_callback for effects at every call.
+//   - Inside fn, tensors are symbolic: ops on them record nodes; reading their elements (item,
+//     to_vector, data) throws InvalidArgument. Tensors and variables captured from outside are
+//     read when the graph runs: variables through stateful nodes (their updates run in program
+//     order and are never pruned), captured tensors as constants of the graph.
+//   - A GradientTape inside fn records its gradient ops into the same graph.
+//   - A traced call is opaque to a GradientTape outside it: put the tape inside fn.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "flowlet/core/tensor.hpp"
+#include "flowlet/graph.hpp"
+
+namespace flowlet {
+
+// A dimension of one argument whose size may change between calls without retracing.
+struct UnknownDim {
+  int argument = 0;   // position among fn's arguments
+  int dimension = 0;  // negative counts from the end
+};
+
+struct TraceOptions {
+  std::string name = "traced function";  // for warnings and dumps
+  std::vector<UnknownDim> unknown_dims;
+  int retrace_warning_after = 5;  // warn (stderr) once more than this many signatures were traced
+  bool optimize = true;           // run the graph passes (prune always runs)
+  bool fuse_elementwise = true;
+  std::string dump_graphs_dir;    // write DOT/JSON before and after every pass (also FLOWLET_DUMP_GRAPHS)
+  bool collect_step_stats = false;  // record each node's start, end and thread on every call
+};
+
+// Ops inside run eagerly even while fn is being traced: one-time set-up such as creating variables.
+class EagerScope {
+ public:
+  EagerScope();
+  ~EagerScope();
+  EagerScope(const EagerScope&) = delete;
+  EagerScope& operator=(const EagerScope&) = delete;
+
+ private:
+  void* saved_;
+};
+
+// True while the calling thread is tracing a function (ops record instead of running).
+bool is_tracing();
+
+namespace detail {
+
+// One argument of a call as the signature sees it.
+struct ArgSignature {
+  bool is_tensor = false;
+  int tensor_count = 0;  // tensors a std::vector<Tensor> argument holds (1 for a Tensor)
+  DType dtype = DType::f32;
+  Shape shape;
+  Device device;
+  std::string value;  // non-tensor arguments: their value, formatted
+};
+
+class FunctionCore;
+
+// Everything about one traced function that does not depend on its C++ type.
+class TracedCore {
+ public:
+  explicit TracedCore(TraceOptions options);
+  ~TracedCore();
+
+  // The cached concrete function for `signature`, or -1 when it must be traced first.
+  int find(const std::vector<ArgSignature>& signature) const;
+  // Traces: `record(symbolic_arguments)` calls fn with symbolic tensors and returns its flat
+  // outputs. With unknown dimensions, a second probe trace at other sizes checks that one graph
+  // really serves every size (nothing in fn turned a size into a constant). Returns the entry.
+  template <class Record>
+  int trace(const std::vector<ArgSignature>& signature, std::span<const Tensor> tensor_args, Record&& record) {
+    Builder main = begin_trace(signature, tensor_args, /*probe=*/false);
+    end_trace(main, record(main.symbolic_arguments));
+    Builder probe;
+    if (wants_probe(signature)) {
+      probe = begin_trace(signature, tensor_args, /*probe=*/true);
+      end_trace(probe, record(probe.symbolic_arguments));
+    }
+    return finish_trace(signature, main, probe);
+  }
+  std::vector<Tensor> run(int entry, std::span<const Tensor> tensor_args);
+  const Graph& graph(int entry) const;
+
+  int64_t trace_count() const;
+  const std::string& last_retrace_reason() const;
+  std::string timeline_json() const;  // Chrome trace-event JSON of the last call (collect_step_stats)
+  const TraceOptions& options() const;
+
+  struct Builder {
+    std::shared_ptr<void> state;  // the TraceBuilder and the active-trace scope
+    std::vector<Tensor> symbolic_arguments;
+  };
+
+ private:
+  Builder begin_trace(const std::vector<ArgSignature>& signature, std::span<const Tensor> tensor_args, bool probe);
+  void end_trace(Builder& builder, const std::vector<Tensor>& outputs);
+  bool wants_probe(const std::vector<ArgSignature>& signature) const;
+  int finish_trace(const std::vector<ArgSignature>& signature, Builder& main, Builder& probe);
+
+  std::unique_ptr<FunctionCore> core_;
+};
+
+// --- how arguments and results map to tensors ---
+
+template <class T>
+inline constexpr bool is_tensor_arg = std::is_same_v<std::remove_cvref_t<T>, Tensor>;
+template <class T>
+inline constexpr bool is_tensor_list_arg = std::is_same_v<std::remove_cvref_t<T>, std::vector<Tensor>>;
+
+template <class T>
+void describe_argument(const T& arg, std::vector<ArgSignature>& signature, std::vector<Tensor>& tensors) {
+  ArgSignature s;
+  if constexpr (is_tensor_arg<T>) {
+    s.is_tensor = true;
+    s.tensor_count = 1;
+    s.dtype = arg.dtype();
+    s.shape = arg.shape();
+    s.device = arg.device();
+    tensors.push_back(arg);
+  } else if constexpr (is_tensor_list_arg<T>) {
+    s.is_tensor = true;
+    s.tensor_count = static_cast<int>(arg.size());
+    for (const Tensor& t : arg) {
+      s.value += fmt::format("{}{}@{};", dtype_name(t.dtype()), t.shape().str(), t.device().str());
+      tensors.push_back(t);
+    }
+  } else if constexpr (std::is_enum_v<T>) {
+    s.value = fmt::format("{}", static_cast<std::underlying_type_t<T>>(arg));
+  } else {
+    static_assert(std::is_arithmetic_v<T> || std::is_convertible_v<const T&, std::string_view>,
+                  "trace: arguments must be Tensor, std::vector<Tensor>, numbers, enums or strings "
+                  "(capture other things by reference instead)");
+    s.value = fmt::format("{}", arg);
+  }
+  signature.push_back(std::move(s));
+}
+
+// The argument fn receives while traced: the next symbolic tensor(s), or the value itself.
+template <class T>
+decltype(auto) substitute(T&& arg, std::span<const Tensor> symbolic, size_t& cursor) {
+  if constexpr (is_tensor_arg<T>) {
+    return Tensor(symbolic[cursor++]);
+  } else if constexpr (is_tensor_list_arg<T>) {
+    std::vector<Tensor> list(symbolic.begin() + static_cast<std::ptrdiff_t>(cursor),
+                             symbolic.begin() + static_cast<std::ptrdiff_t>(cursor + arg.size()));
+    cursor += arg.size();
+    return list;
+  } else {
+    return std::forward<T>(arg);
+  }
+}
+
+template <class R>
+struct Results;
+template <>
+struct Results<Tensor> {
+  static std::vector<Tensor> flatten(Tensor r) { return {std::move(r)}; }
+  static Tensor build(std::vector<Tensor>& outputs, const std::vector<int>&) { return std::move(outputs.at(0)); }
+};
+template <>
+struct Results<std::vector<Tensor>> {
+  static std::vector<Tensor> flatten(std::vector<Tensor> r) { return r; }
+  static std::vector<Tensor> build(std::vector<Tensor>& outputs, const std::vector<int>&) { return std::move(outputs); }
+};
+template <class... Ts>
+struct Results<std::tuple<Ts...>> {
+  static_assert((std::is_same_v<Ts, Tensor> && ...), "trace: a returned tuple must hold only Tensors");
+  static std::vector<Tensor> flatten(std::tuple<Ts...> r) {
+    return std::apply([](auto&... t) { return std::vector<Tensor>{t...}; }, r);
+  }
+  static std::tuple<Ts...> build(std::vector<Tensor>& outputs, const std::vector<int>&) {
+    return [&]<size_t... I>(std::index_sequence<I...>) { return std::tuple<Ts...>{outputs.at(I)...}; }(
+        std::index_sequence_for<Ts...>{});
+  }
+};
+
+}  // namespace detail
+
+// The callable trace() returns. Copying it shares the cache of traced graphs.
+template <class F>
+class TracedFunction {
+ public:
+  TracedFunction(F fn, TraceOptions options)
+      : fn_(std::make_shared<F>(std::move(fn))), core_(std::make_shared<detail::TracedCore>(std::move(options))) {}
+
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    using R = std::invoke_result_t<F&, Args...>;
+    if (is_tracing()) return (*fn_)(std::forward<Args>(args)...);  // inside another trace: inline
+    std::vector<detail::ArgSignature> signature;
+    std::vector<Tensor> tensors;
+    (detail::describe_argument(args, signature, tensors), ...);
+    int entry = core_->find(signature);
+    if (entry < 0) entry = trace_now<R>(signature, tensors, args...);
+    if constexpr (std::is_void_v<R>) {
+      core_->run(entry, tensors);
+    } else {
+      std::vector<Tensor> outputs = core_->run(entry, tensors);
+      return detail::Results<std::remove_cvref_t<R>>::build(outputs, {});
+    }
+  }
+
+  // The optimized graph for these arguments (traced now if this signature is new).
+  template <class... Args>
+  const Graph& graph(Args&&... args) {
+    using R = std::invoke_result_t<F&, Args...>;
+    std::vector<detail::ArgSignature> signature;
+    std::vector<Tensor> tensors;
+    (detail::describe_argument(args, signature, tensors), ...);
+    int entry = core_->find(signature);
+    if (entry < 0) entry = trace_now<R>(signature, tensors, args...);
+    return core_->graph(entry);
+  }
+
+  int64_t trace_count() const { return core_->trace_count(); }
+  // Why the latest trace happened, as differences from the closest signature traced before
+  // ("argument 0: shape [8, 5] -> [16, 5]"); "first call" for the first.
+  const std::string& last_retrace_reason() const { return core_->last_retrace_reason(); }
+  // The last call's step statistics as Chrome/Perfetto trace-event JSON (needs collect_step_stats).
+  std::string timeline_json() const { return core_->timeline_json(); }
+
+ private:
+  template <class R, class... Args>
+  int trace_now(const std::vector<detail::ArgSignature>& signature, const std::vector<Tensor>& tensors, Args&... args) {
+    return core_->trace(signature, tensors, [&](const std::vector<Tensor>& symbolic) {
+      size_t cursor = 0;
+      const std::span<const Tensor> view(symbolic);
+      // Braced initialisation evaluates left to right, so arguments meet their tensors in order.
+      std::tuple<decltype(detail::substitute(args, view, cursor))...> call_args{
+          detail::substitute(args, view, cursor)...};
+      if constexpr (std::is_void_v<R>) {
+        std::apply(*fn_, std::move(call_args));
+        return std::vector<Tensor>{};
+      } else {
+        return detail::Results<std::remove_cvref_t<R>>::flatten(std::apply(*fn_, std::move(call_args)));
+      }
+    });
+  }
+
+  std::shared_ptr<F> fn_;
+  std::shared_ptr<detail::TracedCore> core_;
+};
+
+template <class F>
+TracedFunction<std::decay_t<F>> trace(F&& fn, TraceOptions options = {}) {
+  return TracedFunction<std::decay_t<F>>(std::forward<F>(fn), std::move(options));
+}
+
+}  // namespace flowlet

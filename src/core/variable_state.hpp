@@ -1,0 +1,27 @@
+// The state behind every handle to one Variable, shared with the graph ops that read and update it.
+#pragma once
+
+#include <mutex>
+#include <string>
+
+#include "flowlet/core/tensor.hpp"
+
+namespace flowlet::detail {
+
+struct VariableState {
+  std::string name;
+  mutable std::mutex mutex;  // guards `value` between threads that share the variable
+  Tensor value;
+};
+
+enum class AssignMode : uint8_t { assign, add, sub };
+
+// ShapeError / DTypeError / DeviceError naming `op` and the variable unless `t` matches its value
+// (symbolic tensors are checked by their shape and dtype alone).
+void check_variable_update(const char* op, const VariableState& s, const Tensor& t);
+
+// Applies an update now (the eager path and the graph's assign kernel share it). `adopt`: take `t`
+// as the new value without copying it (it is a fresh result nobody else can change).
+void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt);
+
+}  // namespace flowlet::detail

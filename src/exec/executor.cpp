@@ -1,0 +1,324 @@
+// The executor. Two ways to run a plan, chosen when it is built:
+//   - sequential: the nodes in their topological order on the calling thread. No queue, no atomics,
+//     no thread hop: the right choice when there is one thread, or nothing worth overlapping.
+//   - concurrent: each node counts the producers it still waits for; the thread that finishes a
+//     producer runs cheap newly-ready nodes inline and hands expensive ones beyond the first to the
+//     shared pool (exec/thread_pool.hpp), so independent branches overlap without oversubscribing.
+// In both, a slot's tensor is dropped as soon as its last reader has run, so memory peaks like
+// the eager program's. A failing node cancels the rest of the step (later nodes are skipped, not
+// run) and its error is rethrown by run() once every running node has stopped.
+#include "exec/executor.hpp"
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string_view>
+
+#include "core/check.hpp"
+#include "exec/thread_pool.hpp"
+#include "ops/internal.hpp"
+
+namespace flowlet::detail {
+namespace {
+
+// Nodes that produce at least this many elements are worth a thread hop; smaller ones run inline.
+constexpr int64_t kExpensiveElements = 1 << 15;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int thread_number() {
+  static std::atomic<int> next{0};
+  thread_local const int number = next.fetch_add(1, std::memory_order_relaxed);
+  return number;
+}
+
+// Rethrows `error` as the same flowlet::Error subclass with "node '...' (recorded at ...): " in
+// front, so callers can still catch OutOfRange and friends. Other exceptions pass unchanged.
+[[noreturn]] void rethrow_from_node(const std::exception_ptr& error, const Node& node) {
+  const std::string prefix = node.label() + ": ";
+  try {
+    std::rethrow_exception(error);
+  } catch (const ShapeError& e) {
+    throw ShapeError(prefix + e.what());
+  } catch (const DTypeError& e) {
+    throw DTypeError(prefix + e.what());
+  } catch (const DeviceError& e) {
+    throw DeviceError(prefix + e.what());
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(prefix + e.what());
+  } catch (const OutOfRange& e) {
+    throw OutOfRange(prefix + e.what());
+  } catch (const Cancelled& e) {
+    throw Cancelled(prefix + e.what());
+  } catch (const Error& e) {
+    throw Error(prefix + e.what());
+  }
+}
+
+// FLOWLET_EXECUTOR=sequential|concurrent overrides the choice (tests and benchmarks use it).
+int forced_mode() {
+  static const int mode = [] {
+    const char* env = std::getenv("FLOWLET_EXECUTOR");
+    if (!env) return 0;
+    if (std::string_view(env) == "sequential") return 1;
+    if (std::string_view(env) == "concurrent") return 2;
+    return 0;
+  }();
+  return mode;
+}
+
+}  // namespace
+
+struct Plan::Step {
+  explicit Step(const Plan& plan_)
+      : plan(plan_), values(static_cast<size_t>(plan_.num_slots_)), uses(plan_.initial_uses_.size()) {}
+
+  const Plan& plan;
+  std::vector<Tensor> values;  // per slot
+  std::vector<std::atomic<int32_t>> uses;
+  std::unique_ptr<std::atomic<int32_t>[]> pending;  // concurrent runs only
+  std::atomic<bool> cancelled{false};
+  std::atomic<int64_t> outstanding{0};  // ready or running items
+  std::mutex mutex;                     // guards error, done, stats
+  std::condition_variable finished;
+  bool done = false;
+  std::exception_ptr error;
+  int32_t error_node = -1;
+  StepStats* stats = nullptr;
+  int64_t start_ns = 0;
+  std::vector<std::pair<Step*, int32_t>> tasks;  // the argument of each scheduled item
+};
+
+Plan::Plan(std::shared_ptr<const Graph> graph, bool dynamic_shapes)
+    : graph_(std::move(graph)), dynamic_shapes_(dynamic_shapes) {
+  const Graph& g = *graph_;
+  const auto n = g.nodes().size();
+  std::vector<int32_t> first_slot(n, -1), item_of(n, -1);
+  for (size_t id = 0; id < n; ++id) {
+    const Node& node = g.nodes()[id];
+    if (node.removed) continue;
+    first_slot[id] = num_slots_;
+    num_slots_ += static_cast<int32_t>(node.outputs.size());
+    if (node.kind == NodeKind::argument) {
+      argument_slots_.emplace_back(node.argument, first_slot[id]);
+      num_arguments_ = std::max(num_arguments_, node.argument + 1);
+    } else if (node.kind == NodeKind::constant) {
+      constant_slots_.emplace_back(first_slot[id], node.value);
+    } else {
+      item_of[id] = static_cast<int32_t>(items_.size());
+      Item item;
+      item.node = static_cast<int32_t>(id);
+      item.op = node.op;
+      item.kernel = node.op->kernels[static_cast<int>(node.device.kind())];
+      if (!item.kernel) {
+        fail<DeviceError>("{}: no kernel for device {}", node.label(), node.device);
+      }
+      item.attributes = node.attributes.get();
+      item.first_output = first_slot[id];
+      item.num_outputs = static_cast<int32_t>(node.outputs.size());
+      item.allocate = !node.op->has_flag(kView);
+      item.expensive = node.op->name == "matmul";
+      for (const TensorMeta& meta : node.outputs) item.expensive |= meta.shape.numel() >= kExpensiveElements;
+      items_.push_back(item);
+    }
+  }
+  initial_uses_.assign(static_cast<size_t>(num_slots_), 0);
+  std::vector<std::vector<int32_t>> consumers(items_.size());
+  for (size_t i = 0; i < items_.size(); ++i) {
+    Item& item = items_[i];
+    const Node& node = g.node(item.node);
+    item.first_input = static_cast<int32_t>(input_slots_.size());
+    item.num_inputs = static_cast<int32_t>(node.inputs.size());
+    std::vector<int32_t> producers;
+    for (const ValueRef& in : node.inputs) {
+      const int32_t slot = first_slot.at(static_cast<size_t>(in.node)) + in.output;
+      input_slots_.push_back(slot);
+      ++initial_uses_[static_cast<size_t>(slot)];
+      if (item_of[static_cast<size_t>(in.node)] >= 0) producers.push_back(item_of[static_cast<size_t>(in.node)]);
+    }
+    for (int32_t c : node.control_inputs) {
+      if (item_of.at(static_cast<size_t>(c)) >= 0) producers.push_back(item_of[static_cast<size_t>(c)]);
+    }
+    std::sort(producers.begin(), producers.end());
+    producers.erase(std::unique(producers.begin(), producers.end()), producers.end());
+    item.initial_pending = static_cast<int32_t>(producers.size());
+    for (int32_t p : producers) consumers[static_cast<size_t>(p)].push_back(static_cast<int32_t>(i));
+    if (producers.empty()) initially_ready_.push_back(static_cast<int32_t>(i));
+  }
+  int expensive = 0;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    items_[i].first_consumer = static_cast<int32_t>(consumers_.size());
+    items_[i].num_consumers = static_cast<int32_t>(consumers[i].size());
+    consumers_.insert(consumers_.end(), consumers[i].begin(), consumers[i].end());
+    expensive += items_[i].expensive ? 1 : 0;
+  }
+  for (const ValueRef& out : g.outputs()) {
+    const int32_t slot = first_slot.at(static_cast<size_t>(out.node)) + out.output;
+    output_slots_.push_back(slot);
+    output_is_constant_.push_back(g.node(out.node).kind == NodeKind::constant);
+    initial_uses_[static_cast<size_t>(slot)] += 1 << 20;  // outputs outlive the step
+  }
+  // Overlap pays only when at least two nodes are big enough to be worth a thread hop.
+  concurrent_ = forced_mode() == 2 || (forced_mode() == 0 && intra_op_threads() > 1 && expensive >= 2);
+}
+
+void Plan::run_item(Step& step, int32_t index) const {
+  const Item& item = items_[static_cast<size_t>(index)];
+  if (!step.cancelled.load(std::memory_order_relaxed)) {
+    const int64_t start = step.stats ? now_ns() : 0;
+    try {
+      std::array<Tensor, 8> small_inputs;
+      std::vector<Tensor> large_inputs;
+      std::span<Tensor> inputs;
+      if (item.num_inputs <= 8) {
+        inputs = std::span<Tensor>(small_inputs.data(), static_cast<size_t>(item.num_inputs));
+      } else {
+        large_inputs.resize(static_cast<size_t>(item.num_inputs));
+        inputs = large_inputs;
+      }
+      for (int32_t k = 0; k < item.num_inputs; ++k) {
+        inputs[static_cast<size_t>(k)] = step.values[static_cast<size_t>(input_slots_[static_cast<size_t>(item.first_input + k)])];
+      }
+      const OpCall call{*item.op, inputs, item.attributes};
+      std::array<Tensor, kMaxOutputs> outputs;
+      const Node& node = graph_->node(item.node);
+      if (item.allocate && item.num_outputs > 0) {
+        if (dynamic_shapes_) {
+          OutputSpec spec;
+          spec.device = node.device;
+          item.op->infer(call, spec);
+          for (int32_t k = 0; k < item.num_outputs; ++k) {
+            outputs[static_cast<size_t>(k)] = Tensor::empty(spec.outputs[static_cast<size_t>(k)].shape,
+                                                            spec.outputs[static_cast<size_t>(k)].dtype, node.device);
+          }
+        } else {
+          for (int32_t k = 0; k < item.num_outputs; ++k) {
+            const TensorMeta& meta = node.outputs[static_cast<size_t>(k)];
+            outputs[static_cast<size_t>(k)] = Tensor::empty(meta.shape, meta.dtype, node.device);
+          }
+        }
+      }
+      item.kernel(call, std::span<Tensor>(outputs.data(), static_cast<size_t>(item.num_outputs)));
+      for (int32_t k = 0; k < item.num_outputs; ++k) {
+        step.values[static_cast<size_t>(item.first_output + k)] = std::move(outputs[static_cast<size_t>(k)]);
+      }
+    } catch (...) {
+      std::lock_guard lock(step.mutex);
+      if (!step.error) {
+        step.error = std::current_exception();
+        step.error_node = item.node;
+      }
+      step.cancelled.store(true, std::memory_order_relaxed);
+    }
+    if (step.stats) {
+      const int64_t end = now_ns();
+      std::lock_guard lock(step.mutex);
+      step.stats->nodes.push_back({item.node, start - step.start_ns, end - step.start_ns, thread_number()});
+    }
+  }
+  // Drop inputs nobody else reads.
+  for (int32_t k = 0; k < item.num_inputs; ++k) {
+    const auto slot = static_cast<size_t>(input_slots_[static_cast<size_t>(item.first_input + k)]);
+    if (step.uses[slot].fetch_sub(1, std::memory_order_acq_rel) == 1) step.values[slot] = Tensor();
+  }
+}
+
+void Plan::run_sequential(Step& step) const {
+  for (int32_t i = 0; i < static_cast<int32_t>(items_.size()); ++i) run_item(step, i);
+}
+
+void Plan::finish_item(Step& step, int32_t index, std::vector<int32_t>& ready) const {
+  const Item& item = items_[static_cast<size_t>(index)];
+  bool kept_expensive = false;
+  for (int32_t k = 0; k < item.num_consumers; ++k) {
+    const int32_t c = consumers_[static_cast<size_t>(item.first_consumer + k)];
+    if (step.pending[static_cast<size_t>(c)].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+    step.outstanding.fetch_add(1, std::memory_order_relaxed);
+    const Item& next = items_[static_cast<size_t>(c)];
+    if (!next.expensive || (!kept_expensive && ready.empty())) {
+      kept_expensive |= next.expensive;
+      ready.push_back(c);  // run on this thread
+    } else {
+      step.tasks[static_cast<size_t>(c)] = {&step, c};
+      schedule(&Plan::run_task, &step.tasks[static_cast<size_t>(c)]);
+    }
+  }
+  if (step.outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    // The last item of the step: wake run(). Only this thread touches the step from here on, and
+    // only under the mutex that run() takes before it returns.
+    std::lock_guard lock(step.mutex);
+    step.done = true;
+    step.finished.notify_all();
+  }
+}
+
+void Plan::run_task(void* context) {
+  auto* task = static_cast<std::pair<Step*, int32_t>*>(context);
+  Step& step = *task->first;
+  const Plan& plan = step.plan;
+  std::vector<int32_t> ready{task->second};
+  while (!ready.empty()) {
+    const int32_t index = ready.back();
+    ready.pop_back();
+    plan.run_item(step, index);
+    plan.finish_item(step, index, ready);
+  }
+}
+
+void Plan::run_concurrent(Step& step) const {
+  step.pending = std::make_unique<std::atomic<int32_t>[]>(items_.size());
+  for (size_t i = 0; i < items_.size(); ++i) step.pending[i].store(items_[i].initial_pending, std::memory_order_relaxed);
+  step.tasks.resize(items_.size());
+  if (items_.empty()) return;
+  step.outstanding.store(static_cast<int64_t>(initially_ready_.size()), std::memory_order_relaxed);
+  std::vector<int32_t> ready(initially_ready_.rbegin(), initially_ready_.rend());
+  while (!ready.empty()) {
+    const int32_t index = ready.back();
+    ready.pop_back();
+    run_item(step, index);
+    finish_item(step, index, ready);
+  }
+  std::unique_lock lock(step.mutex);
+  step.finished.wait(lock, [&] { return step.done; });
+}
+
+std::vector<Tensor> Plan::run(std::span<const Tensor> arguments, StepStats* stats) const {
+  if (static_cast<int32_t>(arguments.size()) < num_arguments_) {
+    fail<InvalidArgument>("graph: expects {} tensor arguments; got {}", num_arguments_, arguments.size());
+  }
+  Step step(*this);
+  for (size_t s = 0; s < initial_uses_.size(); ++s) step.uses[s].store(initial_uses_[s], std::memory_order_relaxed);
+  for (const auto& [index, slot] : argument_slots_) step.values[static_cast<size_t>(slot)] = arguments[static_cast<size_t>(index)];
+  for (const auto& [slot, value] : constant_slots_) step.values[static_cast<size_t>(slot)] = value;
+  step.stats = stats;
+  if (stats) {
+    stats->nodes.clear();
+    step.start_ns = now_ns();
+  }
+  if (concurrent_) {
+    run_concurrent(step);
+  } else {
+    run_sequential(step);
+  }
+  if (stats) stats->wall_ns = now_ns() - step.start_ns;
+  if (step.error) rethrow_from_node(step.error, graph_->node(step.error_node));
+  std::vector<Tensor> outputs;
+  outputs.reserve(output_slots_.size());
+  for (size_t i = 0; i < output_slots_.size(); ++i) {
+    Tensor value = step.values[static_cast<size_t>(output_slots_[i])];
+    // A constant output (folded, or captured) is the graph's own buffer: hand out a copy, so a
+    // caller writing through data() cannot change what later calls return.
+    if (output_is_constant_[i]) value = copy_to_contiguous(value);
+    outputs.push_back(std::move(value));
+  }
+  return outputs;
+}
+
+}  // namespace flowlet::detail

@@ -1,0 +1,37 @@
+// The graph passes trace() runs after recording, in the order optimize() lists. Each pass lives in
+// its own file, which opens with the invariants it relies on and keeps (see flowlet/graph.hpp for
+// those every pass keeps).
+#pragma once
+
+#include <string>
+
+#include "flowlet/graph.hpp"
+
+namespace flowlet::detail {
+
+struct PassOptions {
+  bool simplify = true;       // algebraic simplification
+  bool fold_constants = true;
+  bool eliminate_common_subexpressions = true;
+  bool fuse_elementwise = true;
+  // Write the graph (DOT and JSON) before the first pass and after every pass into this folder.
+  // Empty: the environment variable FLOWLET_DUMP_GRAPHS decides (unset: no dumps).
+  std::string dump_dir;
+};
+
+// Keeps what the outputs and effects need (arguments cut the graph); removes the rest.
+void prune(Graph& graph);
+// x*1, 1*x, x+0, 0+x, x-0, x/1 -> x; neg(neg(x)) -> x; transpose(transpose(x)) -> x; reshape of
+// reshape -> one reshape; casts to the same dtype -> x.
+void simplify_algebra(Graph& graph);
+// A node whose inputs are all constants, and which is not stateful, becomes a constant.
+void fold_constants(Graph& graph);
+// Two nodes with the same op, attributes and inputs become one (stateful nodes never merge).
+void eliminate_common_subexpressions(Graph& graph);
+// Chains of elementwise ops over same-shaped tensors become one fused node.
+void fuse_elementwise(Graph& graph);
+
+// All of the above, in order, then prune and compact; dumps around each pass when asked.
+void optimize(Graph& graph, const PassOptions& options = {});
+
+}  // namespace flowlet::detail

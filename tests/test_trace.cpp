@@ -1,0 +1,251 @@
+// trace(): traced calls equal eager calls; signatures, retracing and its reasons; symbolic tensors;
+// variables as ordered stateful nodes; training steps; errors inside graphs; timelines.
+#include <atomic>
+#include <tuple>
+
+#include "support/reference.hpp"
+
+namespace {
+
+fl::Tensor affine(const fl::Tensor& x, const fl::Tensor& w) { return fl::tanh(fl::matmul(x, w) * 2.0f + 1.0f); }
+
+std::vector<float> values(const fl::Tensor& t) { return t.to_vector<float>(); }
+
+void check_close(const fl::Tensor& got, const fl::Tensor& want, double tolerance) {
+  REQUIRE(got.shape() == want.shape());
+  const std::vector<float> g = values(got), w = values(want);
+  for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(w[i]).epsilon(tolerance));
+}
+
+}  // namespace
+
+TEST_CASE("a traced call equals the eager call, and a known signature does not retrace") {
+  const fl::Tensor w = fl::randn({5, 3}, 7);
+  auto f = fl::trace([&](fl::Tensor x) { return affine(x, w); });
+  const fl::Tensor x = fl::randn({8, 5}, 1);
+  CHECK(values(f(x)) == values(affine(x, w)));
+  const fl::Tensor x2 = fl::randn({8, 5}, 2);
+  CHECK(values(f(x2)) == values(affine(x2, w)));
+  CHECK(f.trace_count() == 1);
+  CHECK(f.last_retrace_reason() == "first call");
+}
+
+TEST_CASE("a new shape, dtype or value retraces, and the reason is a diff against the cached signature") {
+  int traced = 0;
+  auto f = fl::trace([&](fl::Tensor x, int power) {
+    ++traced;  // C++ side effects run at trace time only
+    fl::Tensor y = x;
+    for (int i = 1; i < power; ++i) y = y * x;
+    return y;
+  });
+  const fl::Tensor x85 = fl::ones({8, 5});
+  const fl::Tensor x165 = fl::ones({16, 5});
+  f(x85, 2);
+  f(x85, 2);
+  CHECK(traced == 1);
+  f(x165, 2);
+  CHECK(f.trace_count() == 2);
+  CHECK(f.last_retrace_reason() == "argument 0: shape [8, 5] -> [16, 5]");
+  f(x85, 3);
+  CHECK(f.last_retrace_reason() == "argument 1: value 2 -> 3");
+  f(x85.astype(fl::f64), 3);
+  CHECK(f.last_retrace_reason() == "argument 0: dtype f32 -> f64");
+  CHECK(traced == 4);
+  CHECK(f.trace_count() == 4);
+  // Earlier signatures stay cached.
+  f(x165, 2);
+  CHECK(f.trace_count() == 4);
+  CHECK(values(f(fl::full({2}, 3.0), 3)) == std::vector<float>{27, 27});
+}
+
+TEST_CASE("lambdas returning a vector or a tuple of tensors, and taking tensor lists") {
+  auto pair = fl::trace([](fl::Tensor a, fl::Tensor b) { return std::tuple<fl::Tensor, fl::Tensor>{a + b, a * b}; });
+  auto [s, p] = pair(fl::tensor({1.0f, 2.0f}), fl::tensor({3.0f, 4.0f}));
+  CHECK(values(s) == std::vector<float>{4, 6});
+  CHECK(values(p) == std::vector<float>{3, 8});
+
+  auto list = fl::trace([](std::vector<fl::Tensor> ts) {
+    std::vector<fl::Tensor> out;
+    for (const auto& t : ts) out.push_back(-t);
+    out.push_back(ts[0]);  // an argument returned as is
+    return out;
+  });
+  const std::vector<fl::Tensor> outs = list(std::vector<fl::Tensor>{fl::tensor({1.0f}), fl::tensor({2.0f, 5.0f})});
+  REQUIRE(outs.size() == 3);
+  CHECK(values(outs[0]) == std::vector<float>{-1});
+  CHECK(values(outs[1]) == std::vector<float>{-2, -5});
+  CHECK(values(outs[2]) == std::vector<float>{1});
+}
+
+TEST_CASE("reading a symbolic tensor while tracing throws and says what to do instead") {
+  auto f = fl::trace([](fl::Tensor x) {
+    if (x.is_symbolic()) (void)fl::sum(x).item<float>();
+    return x;
+  });
+  test::check_throws<fl::InvalidArgument>([&] { f(fl::ones({3})); },
+                                          {"item:", "symbolic tensor", "flowlet::print", "return the tensor"});
+  auto g = fl::trace([](fl::Tensor x) { return fl::Tensor(x.data<float>() ? x : x); });
+  test::check_throws<fl::InvalidArgument>([&] { g(fl::ones({3})); }, {"data:", "symbolic tensor"});
+}
+
+TEST_CASE("a symbolic tensor kept past its trace is rejected when used eagerly") {
+  fl::Tensor leaked;
+  auto f = fl::trace([&](fl::Tensor x) {
+    leaked = x * 2.0f;
+    return leaked;
+  });
+  f(fl::ones({2}));
+  CHECK(leaked.is_symbolic());
+  test::check_throws<fl::InvalidArgument>([&] { (void)(leaked + 1.0f); }, {"symbolic tensor", "outside the trace"});
+}
+
+TEST_CASE("variable reads and updates run at every call, in program order") {
+  fl::Variable v(fl::zeros({2}), "counter");
+  auto step = fl::trace([&]() {
+    const fl::Tensor before = v.value();
+    v.assign_add(fl::ones({2}));
+    const fl::Tensor after = v.value();
+    v.assign(after * 2.0f);
+    return std::vector<fl::Tensor>{before, after, v.value()};
+  });
+  // Eagerly: before 0, after 1, then 2. Traced calls continue from there: 2 -> 3 -> 6, and so on.
+  for (float expected_before : {0.0f, 2.0f, 6.0f}) {
+    const auto out = step();
+    CHECK(values(out[0]) == std::vector<float>(2, expected_before));
+    CHECK(values(out[1]) == std::vector<float>(2, expected_before + 1));
+    CHECK(values(out[2]) == std::vector<float>(2, 2 * (expected_before + 1)));
+  }
+  CHECK(step.trace_count() == 1);
+  CHECK(values(v.value()) == std::vector<float>(2, 14));
+}
+
+TEST_CASE("an update nobody reads still runs; a function may return nothing") {
+  fl::Variable v(fl::zeros({}), "ticks");
+  auto tick = fl::trace([&]() { v.assign_add(fl::ones({})); });
+  tick();
+  tick();
+  tick();
+  CHECK(v.value().item<float>() == 3.0f);
+  const fl::Graph& g = tick.graph();
+  bool has_assign = false;
+  for (const fl::Node& n : g.nodes()) has_assign |= !n.removed && n.op && n.op->name == "assign_variable";
+  CHECK(has_assign);
+}
+
+TEST_CASE("host callbacks run at every call, in order, with concrete values") {
+  std::vector<float> seen;
+  auto f = fl::trace([&](fl::Tensor x) {
+    fl::Tensor y = x * 3.0f;
+    fl::host_callback([&](const std::vector<fl::Tensor>& v) { seen.push_back(fl::sum(v[0]).item<float>()); }, {y});
+    fl::host_callback([&](const std::vector<fl::Tensor>& v) { seen.push_back(v[0].item<float>() * 100); }, {x});
+    return fl::print(y, "y");
+  });
+  f(fl::tensor({1.0f}));
+  f(fl::tensor({2.0f}));
+  CHECK(seen == std::vector<float>{3, 100, 6, 200});
+}
+
+TEST_CASE("a traced training step matches the eager one, step after step (SGD with momentum, Adam)") {
+  const fl::Tensor x = fl::randn({16, 6}, 11);
+  const fl::Tensor labels = fl::tensor(std::vector<int64_t>{0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0}, {16});
+  for (int which = 0; which < 2; ++which) {
+    CAPTURE(which);
+    auto make = [&](std::vector<fl::Variable>& vars) {
+      vars = {fl::Variable(fl::randn({6, 8}, 1) * 0.3f, "w1"), fl::Variable(fl::zeros({8}), "b1"),
+              fl::Variable(fl::randn({8, 3}, 2) * 0.3f, "w2")};
+    };
+    std::vector<fl::Variable> eager_vars, traced_vars;
+    make(eager_vars);
+    make(traced_vars);
+    std::unique_ptr<fl::optim::Optimizer> eager_opt, traced_opt;
+    if (which == 0) {
+      eager_opt = std::make_unique<fl::optim::SGD>(0.1, 0.9);
+      traced_opt = std::make_unique<fl::optim::SGD>(0.1, 0.9);
+    } else {
+      eager_opt = std::make_unique<fl::optim::Adam>(0.01);
+      traced_opt = std::make_unique<fl::optim::Adam>(0.01);
+    }
+    auto loss_of = [](const std::vector<fl::Variable>& v, const fl::Tensor& xb, const fl::Tensor& yb) {
+      const fl::Tensor h = fl::relu(fl::matmul(xb, v[0]) + v[1]);
+      return fl::mean(fl::softmax_cross_entropy(fl::matmul(h, v[2]), yb));
+    };
+    auto step = [&](std::vector<fl::Variable>& v, fl::optim::Optimizer& opt, const fl::Tensor& xb, const fl::Tensor& yb) {
+      fl::GradientTape tape;
+      const fl::Tensor loss = loss_of(v, xb, yb);
+      opt.apply(tape.gradient(loss, v), v);
+      return loss;
+    };
+    auto traced = fl::trace([&](fl::Tensor xb, fl::Tensor yb) { return step(traced_vars, *traced_opt, xb, yb); });
+    for (int s = 0; s < 4; ++s) {
+      const float eager_loss = step(eager_vars, *eager_opt, x, labels).item<float>();
+      const float traced_loss = traced(x, labels).item<float>();
+      CHECK(traced_loss == doctest::Approx(eager_loss).epsilon(1e-6));
+    }
+    for (size_t i = 0; i < eager_vars.size(); ++i) {
+      check_close(traced_vars[i].value(), eager_vars[i].value(), 1e-5);
+    }
+    CHECK(traced_opt->iterations().value().item<int64_t>() == 4);
+    CHECK(traced.trace_count() == 1);
+  }
+}
+
+TEST_CASE("an op failing inside a graph throws its own error type, naming the node and the source line") {
+  const fl::Tensor table = fl::randn({4, 3}, 5);
+  auto lookup = fl::trace([&](fl::Tensor ids) { return fl::gather(table, ids) * 2.0f; });
+  const fl::Tensor good = fl::tensor(std::vector<int64_t>{0, 3}, {2});
+  const fl::Tensor bad = fl::tensor(std::vector<int64_t>{0, 9}, {2});
+  CHECK(values(lookup(good)) == values(fl::gather(table, good) * 2.0f));
+  test::check_throws<fl::OutOfRange>([&] { lookup(bad); }, {"node 'gather", "gather:"});
+  try {
+    lookup(bad);
+  } catch (const fl::OutOfRange& e) {
+    // Where the user's code recorded it, when debug information has it (test builds have -g).
+    const std::string message = e.what();
+    CAPTURE(message);
+    CHECK(message.find("recorded at") != std::string::npos);
+  }
+  // The function keeps working.
+  CHECK(values(lookup(good)) == values(fl::gather(table, good) * 2.0f));
+}
+
+TEST_CASE("independent branches give the eager result, whichever thread runs them") {
+  const fl::Tensor a = fl::randn({160, 160}, 1);
+  const fl::Tensor b = fl::randn({160, 160}, 2);
+  auto f = fl::trace([](fl::Tensor x, fl::Tensor y) {
+    const fl::Tensor left = fl::matmul(x, y) + 1.0f;
+    const fl::Tensor right = fl::matmul(y, x) - 1.0f;
+    const fl::Tensor third = fl::exp(x * 0.01f);
+    return left * right + third;
+  });
+  for (int i = 0; i < 20; ++i) {
+    CHECK(values(f(a, b)) == values((fl::matmul(a, b) + 1.0f) * (fl::matmul(b, a) - 1.0f) + fl::exp(a * 0.01f)));
+  }
+}
+
+TEST_CASE("a traced function calling another inlines it into one graph") {
+  auto inner = fl::trace([](fl::Tensor x) { return x * 2.0f; });
+  auto outer = fl::trace([&](fl::Tensor x) { return inner(x) + 1.0f; });
+  CHECK(values(outer(fl::tensor({1.0f, 2.0f}))) == std::vector<float>{3, 5});
+  CHECK(inner.trace_count() == 0);
+}
+
+TEST_CASE("step statistics become a Chrome trace-event timeline") {
+  fl::TraceOptions options;
+  options.collect_step_stats = true;
+  auto f = fl::trace([](fl::Tensor x) { return fl::exp(x) + fl::sqrt(x); }, options);
+  f(fl::ones({10}));
+  const std::string json = f.timeline_json();
+  CHECK(json.find("\"traceEvents\"") != std::string::npos);
+  CHECK(json.find("\"ph\":\"X\"") != std::string::npos);
+}
+
+TEST_CASE("the graph shows what was traced") {
+  const fl::Tensor w = fl::randn({5, 3}, 7);
+  auto f = fl::trace([&](fl::Tensor x) { return affine(x, w); });
+  const fl::Graph& g = f.graph(fl::ones({2, 5}));
+  CHECK(g.num_nodes() >= 3);
+  const std::string dot = g.to_dot();
+  CHECK(dot.find("matmul") != std::string::npos);
+  CHECK(dot.find("digraph") != std::string::npos);
+  CHECK(f.trace_count() == 1);
+}
