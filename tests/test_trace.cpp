@@ -145,10 +145,10 @@ TEST_CASE("host callbacks run at every call, in order, with concrete values") {
   CHECK(seen == std::vector<float>{3, 100, 6, 200});
 }
 
-TEST_CASE("a traced training step matches the eager one, step after step (SGD with momentum, Adam)") {
+TEST_CASE("a traced training step matches the eager one, step after step (SGD, SGD with momentum, Adam)") {
   const fl::Tensor x = fl::randn({16, 6}, 11);
   const fl::Tensor labels = fl::tensor(std::vector<int64_t>{0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0}, {16});
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < 3; ++which) {
     CAPTURE(which);
     auto make = [&](std::vector<fl::Variable>& vars) {
       vars = {fl::Variable(fl::randn({6, 8}, 1) * 0.3f, "w1"), fl::Variable(fl::zeros({8}), "b1"),
@@ -161,9 +161,12 @@ TEST_CASE("a traced training step matches the eager one, step after step (SGD wi
     if (which == 0) {
       eager_opt = std::make_unique<fl::optim::SGD>(0.1, 0.9);
       traced_opt = std::make_unique<fl::optim::SGD>(0.1, 0.9);
-    } else {
+    } else if (which == 1) {
       eager_opt = std::make_unique<fl::optim::Adam>(0.01);
       traced_opt = std::make_unique<fl::optim::Adam>(0.01);
+    } else {
+      eager_opt = std::make_unique<fl::optim::SGD>(0.1);
+      traced_opt = std::make_unique<fl::optim::SGD>(0.1);
     }
     auto loss_of = [](const std::vector<fl::Variable>& v, const fl::Tensor& xb, const fl::Tensor& yb) {
       const fl::Tensor h = fl::relu(fl::matmul(xb, v[0]) + v[1]);
@@ -186,6 +189,12 @@ TEST_CASE("a traced training step matches the eager one, step after step (SGD wi
     }
     CHECK(traced_opt->iterations().value().item<int64_t>() == 4);
     CHECK(traced.trace_count() == 1);
+    // Plain SGD: each weight's update `w -= lr * (a @ b)` became one GEMM into the weight.
+    int fused_updates = 0;
+    for (const fl::Node& n : traced.graph(x, labels).nodes()) {
+      fused_updates += !n.removed && n.op != nullptr && n.op->name == "assign_matmul";
+    }
+    CHECK(fused_updates == (which == 2 ? 2 : 0));
   }
 }
 

@@ -80,3 +80,22 @@ TEST_CASE("a tape differentiates with respect to braced lists of variables or te
   CHECK(tape.gradient(y, {w})[0].item<double>() == 3.0);
   CHECK(tape.gradient(y, {x})[0].item<double>() == 2.0);
 }
+
+TEST_CASE("scaled updates add or subtract scale * t, in place only when nobody else holds the value") {
+  fl::Variable w(fl::tensor({1.0f, 2.0f, 4.0f}), "w");
+  const void* buffer = w.value().raw_data();  // the read's handle is gone after this line
+  w.assign_sub(fl::tensor({2.0f, 2.0f, 2.0f}), 0.5);
+  CHECK(w.value().to_vector<float>() == std::vector<float>{0, 1, 3});
+  CHECK(w.value().raw_data() == buffer);  // updated in place: no reader could see the change
+  const fl::Tensor kept = w.value();
+  w.assign_add(fl::tensor({1.0f, 1.0f, 1.0f}), 3.0);
+  CHECK(w.value().to_vector<float>() == std::vector<float>{3, 4, 6});
+  CHECK(kept.to_vector<float>() == std::vector<float>{0, 1, 3});  // a reader keeps the old values
+  CHECK(w.value().raw_data() != kept.raw_data());
+  fl::Variable d(fl::tensor({1.0, 1.0}), "d");
+  d.assign_add(fl::tensor({0.25, -0.5}), -4.0);
+  CHECK(d.value().to_vector<double>() == std::vector<double>{0, 3});
+  test::check_throws<fl::InvalidArgument>([&] { w.assign_sub(fl::ones({3}), std::nan("")); }, {"assign_sub:", "finite", "w"});
+  test::check_throws<fl::ShapeError>([&] { w.assign_sub(fl::ones({2}), 1.0); }, {"assign_sub:", "w"});
+  CHECK(w.value().to_vector<float>() == std::vector<float>{3, 4, 6});
+}

@@ -31,6 +31,10 @@ class Variable {
   void assign(const Tensor& t);
   void assign_add(const Tensor& t);
   void assign_sub(const Tensor& t);
+  // v += scale * t and v -= scale * t in one pass (optimizers: w.assign_sub(grad, lr)). When no
+  // one else holds the current value, these and the two above update it in place.
+  void assign_add(const Tensor& t, double scale);
+  void assign_sub(const Tensor& t, double scale);
 
   const std::string& name() const;
   // Metadata only: unlike value(), these are not reads (no graph node, no tape watch).

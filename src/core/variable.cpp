@@ -2,7 +2,12 @@
 // While a trace is active, reads and updates become stateful graph nodes instead (ops/state.cpp).
 #include "flowlet/variable.hpp"
 
+#include <cblas.h>
+
+#include <cmath>
+
 #include "core/check.hpp"
+#include "exec/thread_pool.hpp"
 #include "core/variable_state.hpp"
 #include "flowlet/autodiff.hpp"
 #include "flowlet/ops/elementwise.hpp"
@@ -77,33 +82,72 @@ void check_variable_update(const char* op, const VariableState& s, const Tensor&
   }
 }
 
-void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt) {
+bool exclusively_owned(const Tensor& value) {
+  const Storage& storage = *value.storage();
+  return value.impl_ptr()->use_count() == 1 && storage.use_count() == 1 && value.is_contiguous() &&
+         value.offset() == 0 && value.device().kind() == DeviceKind::cpu;
+}
+
+namespace {
+
+// value += scale * t in place (value exclusively owned, same shape and dtype as t).
+bool update_in_place(Tensor& value, const Tensor& t, double scale) {
+  const Tensor update = t.contiguous();
+  const auto n = static_cast<blasint>(value.numel());
+  if (value.numel() != static_cast<int64_t>(n)) return false;
+  if (value.dtype() == f32) {
+    float* w = static_cast<float*>(value.raw_data());
+    const float* g = static_cast<const float*>(update.raw_data());
+    parallel_for(value.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+      cblas_saxpy(static_cast<blasint>(end - begin), static_cast<float>(scale), g + begin, 1, w + begin, 1);
+    });
+    return true;
+  }
+  if (value.dtype() == f64) {
+    double* w = static_cast<double*>(value.raw_data());
+    const double* g = static_cast<const double*>(update.raw_data());
+    parallel_for(value.numel(), kParallelGrain, [&](int64_t begin, int64_t end) {
+      cblas_daxpy(static_cast<blasint>(end - begin), scale, g + begin, 1, w + begin, 1);
+    });
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt, double scale) {
   static constexpr const char* names[] = {"assign", "assign_add", "assign_sub"};
   std::lock_guard lock(s.mutex);
   check_variable_update(names[static_cast<int>(mode)], s, t);
-  switch (mode) {
-    case AssignMode::assign:
-      // A private copy, unless t is a fresh result: later changes to t's storage must not leak in.
-      s.value = adopt && t.is_contiguous() ? t : cast(t, t.dtype());
-      break;
-    case AssignMode::add:
-      s.value = s.value + t;
-      break;
-    case AssignMode::sub:
-      s.value = s.value - t;
-      break;
+  if (mode == AssignMode::assign) {
+    // A private copy, unless t is a fresh result: later changes to t's storage must not leak in.
+    s.value = adopt && t.is_contiguous() ? t : cast(t, t.dtype());
+    return;
+  }
+  const double signed_scale = mode == AssignMode::add ? scale : -scale;
+  if (exclusively_owned(s.value) && update_in_place(s.value, t, signed_scale)) return;
+  if (scale == 1.0) {
+    s.value = mode == AssignMode::add ? s.value + t : s.value - t;
+  } else {
+    s.value = s.value + t * signed_scale;
   }
 }
 
 }  // namespace detail
 
 namespace {
-void update(const std::shared_ptr<detail::VariableState>& state, detail::AssignMode mode, const Tensor& t) {
+void update(const std::shared_ptr<detail::VariableState>& state, detail::AssignMode mode, const Tensor& t,
+            double scale = 1.0) {
   if (!state) throw InvalidArgument("Variable: this is an empty Variable handle (default-constructed)");
+  if (!std::isfinite(scale)) {
+    detail::fail<InvalidArgument>("{}: scale must be finite; got {} for '{}'",
+                                  mode == detail::AssignMode::add ? "assign_add" : "assign_sub", scale, state->name);
+  }
   if (detail::active_trace()) {
-    detail::record_variable_update(state, mode, t);
+    detail::record_variable_update(state, mode, t, scale);
   } else {
-    detail::apply_variable_update(*state, mode, t, /*adopt=*/false);
+    detail::apply_variable_update(*state, mode, t, /*adopt=*/false, scale);
   }
 }
 }  // namespace
@@ -111,5 +155,7 @@ void update(const std::shared_ptr<detail::VariableState>& state, detail::AssignM
 void Variable::assign(const Tensor& t) { update(state_, detail::AssignMode::assign, t); }
 void Variable::assign_add(const Tensor& t) { update(state_, detail::AssignMode::add, t); }
 void Variable::assign_sub(const Tensor& t) { update(state_, detail::AssignMode::sub, t); }
+void Variable::assign_add(const Tensor& t, double scale) { update(state_, detail::AssignMode::add, t, scale); }
+void Variable::assign_sub(const Tensor& t, double scale) { update(state_, detail::AssignMode::sub, t, scale); }
 
 }  // namespace flowlet

@@ -14,14 +14,21 @@ struct VariableState {
   Tensor value;
 };
 
+// assign: value = t; add: value += scale * t; sub: value -= scale * t.
 enum class AssignMode : uint8_t { assign, add, sub };
 
 // ShapeError / DTypeError / DeviceError naming `op` and the variable unless `t` matches its value
 // (symbolic tensors are checked by their shape and dtype alone).
 void check_variable_update(const char* op, const VariableState& s, const Tensor& t);
 
+// True when the variable's tensor is reachable only through the variable: no handle, view or
+// recorded tape node shares it, so changing it in place is invisible to everyone else.
+bool exclusively_owned(const Tensor& value);
+
 // Applies an update now (the eager path and the graph's assign kernel share it). `adopt`: take `t`
-// as the new value without copying it (it is a fresh result nobody else can change).
-void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt);
+// as the new value without copying it (it is a fresh result nobody else can change). When nothing
+// but the variable holds the current value (no reader keeps it), add and sub write into it in one
+// pass instead of allocating a new value; otherwise readers keep the old values as always.
+void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt, double scale = 1.0);
 
 }  // namespace flowlet::detail

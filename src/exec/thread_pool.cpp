@@ -3,6 +3,8 @@
 // atomic counter, and the caller removes the job and waits until no worker is inside it before
 // returning (so no worker touches a dead job). Chunks never block (nested calls run inline), so a
 // caller waits only for work that is already running and cannot deadlock on a busy worker.
+// The budget counts running threads, callers inside parallel_for included: a worker starts work
+// only while fewer than budget threads run, so two threads' GEMMs at once do not oversubscribe.
 #include "exec/thread_pool.hpp"
 
 #include <algorithm>
@@ -23,6 +25,7 @@ namespace {
 // True while this thread runs a chunk: a nested parallel_for then runs inline. A task is not a
 // chunk, so a task (or a worker between jobs) may still spread its own parallel_for.
 thread_local bool inside_chunk = false;
+thread_local bool pool_worker = false;  // a worker is counted as running while it has work
 
 struct Job {
   Job(FunctionRef<void(int64_t)> body_, int64_t chunks_) : body(body_), chunks(chunks_) {}
@@ -70,7 +73,7 @@ void run_task(Task task) {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads) {
+  explicit ThreadPool(int threads) : budget_(threads) {
     for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
   }
   ~ThreadPool() {
@@ -83,25 +86,33 @@ class ThreadPool {
   }
 
   void run(Job& job) {
+    const bool counted = !pool_worker;  // a worker calling from a task is counted already
+    bool room;
     {
       std::lock_guard lock(mutex_);
+      if (counted) ++running_;
       jobs_.push_back(&job);
+      room = running_ < budget_;
     }
-    wake_workers_.notify_all();
+    if (room) wake_workers_.notify_all();
     std::exception_ptr error = job.work();
     std::unique_lock lock(mutex_);
     jobs_.erase(std::find(jobs_.begin(), jobs_.end(), &job));
+    // While it waits the caller does not run: a worker may start other work in its place.
+    if (counted && --running_ < budget_ && (open_job() || !tasks_.empty())) wake_workers_.notify_one();
     job_done_.wait(lock, [&] { return job.active_workers == 0; });
     if (!error) error = job.error;
     if (error) std::rethrow_exception(error);
   }
 
   void schedule(Task task) {
+    bool room;
     {
       std::lock_guard lock(mutex_);
       tasks_.push_back(task);
+      room = running_ < budget_;
     }
-    wake_workers_.notify_one();
+    if (room) wake_workers_.notify_one();
   }
 
  private:
@@ -112,11 +123,15 @@ class ThreadPool {
   }
 
   void worker_loop() {
+    pool_worker = true;
     std::unique_lock lock(mutex_);
     for (;;) {
       Job* job = nullptr;
-      wake_workers_.wait(lock, [&] { return stopping_ || (job = open_job()) != nullptr || !tasks_.empty(); });
+      wake_workers_.wait(lock, [&] {
+        return stopping_ || (running_ < budget_ && ((job = open_job()) != nullptr || !tasks_.empty()));
+      });
       if (stopping_) return;
+      ++running_;
       if (job) {  // chunks first: their caller is waiting, and they are short
         ++job->active_workers;
         lock.unlock();
@@ -131,6 +146,7 @@ class ThreadPool {
         run_task(task);
         lock.lock();
       }
+      --running_;
     }
   }
 
@@ -139,6 +155,8 @@ class ThreadPool {
   std::condition_variable job_done_;
   std::vector<Job*> jobs_;  // parallel_for calls in flight, oldest first
   std::deque<Task> tasks_;
+  const int budget_;
+  int running_ = 0;  // callers inside run() plus workers with work; guarded by the mutex
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };

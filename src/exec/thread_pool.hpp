@@ -1,6 +1,6 @@
 // The process-wide thread pool: parallel_for chunks (intra-op) and scheduled tasks (inter-op) share
-// one set of workers, and matmul keeps OpenBLAS single-threaded, so the only threads flowlet adds
-// to its callers' are the FLOWLET_NUM_THREADS - 1 workers.
+// one set of workers, and matmul keeps OpenBLAS single-threaded, so flowlet work runs on at most
+// FLOWLET_NUM_THREADS threads at once (unless more threads than that call it at once).
 #pragma once
 
 #include <cstdint>
@@ -25,14 +25,15 @@ class FunctionRef<R(Args...)> {
   R (*call_)(void*, Args...);
 };
 
-// The thread budget: the pool's workers plus one calling thread (FLOWLET_NUM_THREADS, default all
-// hardware threads; read once). The pool starts intra_op_threads() - 1 workers.
+// The thread budget (FLOWLET_NUM_THREADS, default all hardware threads; read once). The pool starts
+// budget - 1 workers, and a worker starts a chunk or a task only while fewer than budget threads
+// run: callers inside run_chunks count, busy workers count, threads blocked elsewhere do not.
 int intra_op_threads();
 
-// Runs body(chunk) for every chunk in [0, chunks), the caller taking part; idle workers help, and
-// when none is idle the caller runs every chunk itself. Callable from any number of threads at
-// once, scheduled tasks included; it waits only for chunks a worker has already started. Rethrows
-// the first exception a chunk threw, after every chunk has finished.
+// Runs body(chunk) for every chunk in [0, chunks), the caller taking part; idle workers help while
+// the budget has room, else the caller runs every chunk itself. Callable from any number of
+// threads at once, scheduled tasks included; it waits only for chunks a worker has already
+// started. Rethrows the first exception a chunk threw, after every chunk has finished.
 void run_chunks(int64_t chunks, FunctionRef<void(int64_t)> body);
 
 // Runs fn(arg) soon on a pool worker and returns at once (the executor's ready nodes):

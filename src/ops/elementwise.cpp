@@ -196,7 +196,39 @@ void where_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor& a = call.inputs[1];
   const Tensor& b = call.inputs[2];
   visit_bits(a.dtype(), [&]<class T>(TypeTag<T>) {
-    map_elements<T, bool, T, T>(out[0], {&condition, &a, &b}, [](bool c, T x, T y) { return c ? x : y; });
+    // Branch-free: with random conditions `c ? x : y` compiles to a mispredicted branch per
+    // element (40x slower); masking the bits vectorizes.
+    auto select = [](uint8_t c, T x, T y) {
+      const T mask = static_cast<T>(T{0} - static_cast<T>(c));
+      return static_cast<T>((x & mask) | (y & static_cast<T>(~mask)));
+    };
+    const int64_t n = out[0].numel();
+    auto flat = [&](const Tensor& t) { return t.is_contiguous() && (t.numel() == n || t.numel() == 1); };
+    if (condition.numel() == n && condition.is_contiguous() && flat(a) && flat(b)) {
+      // The common case (relu's gradient: where(x > 0, g, 0)) as one plain loop per chunk.
+      const auto* c = static_cast<const uint8_t*>(condition.raw_data());
+      const T* x = static_cast<const T*>(a.raw_data());
+      const T* y = static_cast<const T*>(b.raw_data());
+      T* o = static_cast<T*>(out[0].raw_data());
+      const bool x_full = a.numel() == n, y_full = b.numel() == n;
+      parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) {
+        if (x_full && y_full) {
+          for (int64_t i = begin; i < end; ++i) o[i] = select(c[i], x[i], y[i]);
+        } else if (x_full) {
+          const T y0 = y[0];
+          for (int64_t i = begin; i < end; ++i) o[i] = select(c[i], x[i], y0);
+        } else if (y_full) {
+          const T x0 = x[0];
+          for (int64_t i = begin; i < end; ++i) o[i] = select(c[i], x0, y[i]);
+        } else {
+          const T x0 = x[0], y0 = y[0];
+          for (int64_t i = begin; i < end; ++i) o[i] = select(c[i], x0, y0);
+        }
+      });
+      return;
+    }
+    map_elements<T, bool, T, T>(out[0], {&condition, &a, &b},
+                                [&](bool c, T x, T y) { return select(static_cast<uint8_t>(c), x, y); });
   });
 }
 

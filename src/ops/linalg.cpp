@@ -13,6 +13,7 @@
 #include "flowlet/ops/shape.hpp"
 #include "exec/thread_pool.hpp"
 #include "kernels/elementwise_loop.hpp"
+#include "ops/gemm.hpp"
 #include "ops/registry.hpp"
 
 namespace flowlet {
@@ -77,11 +78,11 @@ BlasOperand blas_operand(const Tensor& t) {
   return make(packed, CblasNoTrans, cols);
 }
 
-// Below this many multiply-adds per thread a product runs as one BLAS call. Waking a worker costs
-// about 10 us; this is about 40 us of single-core GEMM, so a split gains at least what it costs.
-// It also keeps every block above OpenBLAS's small-matrix size (about 1e6), whose kernel sums in
-// another order than the blocked one.
-constexpr double kGemmWorkPerThread = 128.0 * 128.0 * 128.0;
+// Below this many multiply-adds per thread a product runs as one BLAS call: a worker must wake and
+// the shared operand be packed again. Measured on a 2-core VM, splitting 160^3 in two was slower,
+// 192^3 even, 224^3 and up faster (up to 1.4x). It also keeps every block above OpenBLAS's
+// small-matrix size (about 1e6), whose kernel sums in another order than the blocked one.
+constexpr double kGemmWorkPerThread = 160.0 * 160.0 * 160.0;
 // Blocks start at multiples of this many rows (columns), a multiple of OpenBLAS's micro-tiles, so
 // a block is tiled as in one call. Every block sums the full k, and with OpenBLAS 0.3.21 f32
 // products then have the same bits for any thread count (f64 edge tiles may differ in the last bit).
@@ -100,7 +101,8 @@ void use_pool_threads_only() {
 
 // C rows [r0, r1) and columns [c0, c1) of one matrix of the batch: one single-threaded BLAS call.
 void gemm_block(DType dtype, const BlasOperand& pa, const BlasOperand& pb, const char* ai, const char* bi,
-                char* ci, int64_t n, int64_t k, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+                char* ci, int64_t n, int64_t k, int64_t r0, int64_t r1, int64_t c0, int64_t c1, double alpha,
+                double beta) {
   const int64_t element = static_cast<int64_t>(dtype_size(dtype));
   // Row r of op(A) starts r rows into A, or r columns into the stored A^T; likewise for B's columns.
   ai += (pa.transpose == CblasNoTrans ? r0 * pa.leading : r0) * element;
@@ -109,24 +111,24 @@ void gemm_block(DType dtype, const BlasOperand& pa, const BlasOperand& pb, const
   const int M = static_cast<int>(r1 - r0), N = static_cast<int>(c1 - c0), K = static_cast<int>(k);
   const int ldc = static_cast<int>(n);
   if (dtype == f32) {
-    cblas_sgemm(CblasRowMajor, pa.transpose, pb.transpose, M, N, K, 1.0f, reinterpret_cast<const float*>(ai),
-                pa.leading, reinterpret_cast<const float*>(bi), pb.leading, 0.0f, reinterpret_cast<float*>(ci), ldc);
+    cblas_sgemm(CblasRowMajor, pa.transpose, pb.transpose, M, N, K, static_cast<float>(alpha),
+                reinterpret_cast<const float*>(ai), pa.leading, reinterpret_cast<const float*>(bi), pb.leading,
+                static_cast<float>(beta), reinterpret_cast<float*>(ci), ldc);
   } else {
-    cblas_dgemm(CblasRowMajor, pa.transpose, pb.transpose, M, N, K, 1.0, reinterpret_cast<const double*>(ai),
-                pa.leading, reinterpret_cast<const double*>(bi), pb.leading, 0.0, reinterpret_cast<double*>(ci), ldc);
+    cblas_dgemm(CblasRowMajor, pa.transpose, pb.transpose, M, N, K, alpha, reinterpret_cast<const double*>(ai),
+                pa.leading, reinterpret_cast<const double*>(bi), pb.leading, beta, reinterpret_cast<double*>(ci), ldc);
   }
 }
 
-void matmul_kernel(const OpCall& call, std::span<Tensor> out) {
-  const Tensor& a = call.inputs[0];
-  const Tensor& b = call.inputs[1];
-  Tensor& c = out[0];
+}  // namespace
+
+void gemm_into(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
   const int64_t batch = c.rank() == 3 ? c.shape()[0] : 1;
   const int64_t m = c.shape()[c.shape().size() - 2], n = c.shape()[c.shape().size() - 1], k = a.shape()[a.shape().size() - 1];
   if (c.numel() == 0) return;
   const size_t bytes = static_cast<size_t>(c.numel()) * dtype_size(c.dtype());
   if (k == 0) {  // an empty sum: zeros (BLAS may leave C untouched when k is 0)
-    std::memset(c.raw_data(), 0, bytes);
+    if (beta == 0.0) std::memset(c.raw_data(), 0, bytes);  // beta == 1: C stays as it is
     return;
   }
   use_pool_threads_only();
@@ -135,7 +137,7 @@ void matmul_kernel(const OpCall& call, std::span<Tensor> out) {
   const int64_t c_stride = m * n * static_cast<int64_t>(dtype_size(c.dtype()));
   auto block = [&](int64_t i, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     gemm_block(c.dtype(), pa, pb, pa.base + i * pa.batch_stride, pb.base + i * pb.batch_stride, pc + i * c_stride, n,
-               k, r0, r1, c0, c1);
+               k, r0, r1, c0, c1, alpha, beta);
   };
   // Threads that pay: each needs kGemmWorkPerThread multiply-adds (double: m * n * k can pass 2^63).
   const double work = static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
@@ -160,6 +162,10 @@ void matmul_kernel(const OpCall& call, std::span<Tensor> out) {
     }
   });
 }
+
+namespace {
+
+void matmul_kernel(const OpCall& call, std::span<Tensor> out) { gemm_into(call.inputs[0], call.inputs[1], out[0], 1.0, 0.0); }
 
 // The last two dimensions swapped (a view).
 Tensor swap_last(const Tensor& t) { return t.rank() == 2 ? transpose(t) : permute(t, {0, 2, 1}); }

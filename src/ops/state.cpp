@@ -6,6 +6,8 @@
 #include <array>
 
 #include "core/check.hpp"
+#include "flowlet/ops/elementwise.hpp"
+#include "ops/gemm.hpp"
 #include "trace/tracer.hpp"
 
 namespace flowlet::detail {
@@ -36,19 +38,50 @@ void assign_infer(const OpCall& call, OutputSpec& spec) {
 void assign_kernel(const OpCall& call, std::span<Tensor>) {
   const auto& attrs = call.attrs<VariableAttrs>();
   // The executor hands over results it computed; they are not shared with the caller's tensors.
-  apply_variable_update(*attrs.state, attrs.mode, call.inputs[0], /*adopt=*/true);
+  apply_variable_update(*attrs.state, attrs.mode, call.inputs[0], /*adopt=*/true, attrs.scale);
+}
+
+void assign_matmul_infer(const OpCall& call, OutputSpec& spec) {
+  const auto& attrs = call.attrs<VariableAttrs>();
+  const Tensor& a = call.inputs[0];
+  const Tensor& b = call.inputs[1];
+  std::lock_guard lock(attrs.state->mutex);
+  const Tensor& value = attrs.state->value;
+  if (a.rank() != 2 || b.rank() != 2 || a.shape()[1] != b.shape()[0] || a.dtype() != b.dtype() ||
+      !(Shape{a.shape()[0], b.shape()[1]} == value.shape()) || a.dtype() != value.dtype() ||
+      (a.dtype() != f32 && a.dtype() != f64)) {
+    fail<ShapeError>("assign_matmul: a {} {} @ b {} {} does not update variable '{}' ({} {})", a.shape(), a.dtype(),
+                     b.shape(), b.dtype(), attrs.state->name, value.shape(), value.dtype());
+  }
+  spec.count = 0;
+}
+
+void assign_matmul_kernel(const OpCall& call, std::span<Tensor>) {
+  OutputSpec checked;
+  assign_matmul_infer(call, checked);  // shapes may vary between calls (unknown dimensions)
+  const auto& attrs = call.attrs<VariableAttrs>();
+  VariableState& s = *attrs.state;
+  const double alpha = attrs.mode == AssignMode::add ? attrs.scale : -attrs.scale;
+  std::lock_guard lock(s.mutex);
+  // A reader still holding the value keeps it: update a private copy instead.
+  if (!exclusively_owned(s.value)) s.value = cast(s.value, s.value.dtype());
+  gemm_into(call.inputs[0], call.inputs[1], s.value, alpha, 1.0);
 }
 
 }  // namespace
 
 std::string VariableAttrs::describe() const {
-  return fmt::format("variable='{}', mode={}", state->name, mode_names[static_cast<size_t>(mode)]);
+  if (mode == AssignMode::assign) return fmt::format("variable='{}', mode=assign", state->name);
+  return fmt::format("variable='{}', mode={}, scale={}", state->name, mode_names[static_cast<size_t>(mode)], scale);
 }
 
 Op read_variable_op{"read_variable", 0, 0, kStateful | kView, &read_infer, {&read_kernel, nullptr}, nullptr,
                     &copy_attributes<VariableAttrs>, &describe_attributes<VariableAttrs>};
 Op assign_variable_op{"assign_variable", 1, 1, kStateful | kView, &assign_infer, {&assign_kernel, nullptr}, nullptr,
                       &copy_attributes<VariableAttrs>, &describe_attributes<VariableAttrs>};
+
+Op assign_matmul_op{"assign_matmul", 2, 2, kStateful | kView, &assign_matmul_infer, {&assign_matmul_kernel, nullptr},
+                    nullptr, &copy_attributes<VariableAttrs>, &describe_attributes<VariableAttrs>};
 
 Tensor record_variable_read(const std::shared_ptr<VariableState>& state) {
   TraceBuilder* trace = active_trace();
@@ -67,13 +100,14 @@ Tensor record_variable_read(const std::shared_ptr<VariableState>& state) {
   return out[0];
 }
 
-void record_variable_update(const std::shared_ptr<VariableState>& state, AssignMode mode, const Tensor& t) {
+void record_variable_update(const std::shared_ptr<VariableState>& state, AssignMode mode, const Tensor& t,
+                            double scale) {
   TraceBuilder* trace = active_trace();
   {
     std::lock_guard lock(state->mutex);
     check_variable_update(mode_names[static_cast<size_t>(mode)], *state, t);
   }
-  const VariableAttrs attrs{state, mode};
+  const VariableAttrs attrs{state, mode, scale};
   OutputSpec spec;
   spec.count = 0;
   spec.device = t.device();

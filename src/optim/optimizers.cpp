@@ -99,12 +99,12 @@ std::vector<std::string> SGD::slot_names() const {
 void SGD::update(Variable& var, const Tensor& grad) {
   Tensor g = weight_decay_ > 0.0 ? grad + weight_decay_ * var.value() : grad;
   if (momentum_ == 0.0) {
-    var.assign_sub(lr_ * g);
+    var.assign_sub(g, lr_);
     return;
   }
   Variable& velocity = slot(var, "momentum");
   velocity.assign(momentum_ * velocity.value() + g);
-  var.assign_sub(lr_ * (nesterov_ ? g + momentum_ * velocity.value() : velocity.value()));
+  var.assign_sub(nesterov_ ? g + momentum_ * velocity.value() : velocity.value(), lr_);
 }
 
 Adam::Adam(double lr, double beta1, double beta2, double eps, double weight_decay)
@@ -130,7 +130,7 @@ void Adam::update(Variable& var, const Tensor& grad) {
   const Tensor t = step(var.dtype());
   const Tensor corrected_lr = lr_ * sqrt(1.0 - pow(full({}, beta2_, var.dtype()), t)) /
                               (1.0 - pow(full({}, beta1_, var.dtype()), t));
-  if (weight_decay_ > 0.0) var.assign_sub((lr_ * weight_decay_) * var.value());
+  if (weight_decay_ > 0.0) var.assign_sub(var.value(), lr_ * weight_decay_);
   var.assign_sub(corrected_lr * m.value() / (sqrt(v.value()) + eps_));
 }
 

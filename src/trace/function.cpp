@@ -245,7 +245,10 @@ int TracedCore::finish_trace(const std::vector<ArgSignature>& signature, Builder
   PassOptions passes;
   passes.dump_dir = core_->options.dump_graphs_dir;
   passes.fuse_elementwise = core_->options.fuse_elementwise && core_->options.optimize;
-  if (!core_->options.optimize) passes.simplify = passes.fold_constants = passes.eliminate_common_subexpressions = false;
+  if (!core_->options.optimize) {
+    passes.simplify = passes.fold_constants = passes.eliminate_common_subexpressions = false;
+    passes.fuse_variable_updates = false;
+  }
   optimize(*graph, passes);
   entry->graph = graph;
   entry->plan = std::make_unique<Plan>(graph, dynamic);

@@ -14,6 +14,7 @@ struct PassOptions {
   bool fold_constants = true;
   bool eliminate_common_subexpressions = true;
   bool fuse_elementwise = true;
+  bool fuse_variable_updates = true;
   // Write the graph (DOT and JSON) before the first pass and after every pass into this folder.
   // Empty: the environment variable FLOWLET_DUMP_GRAPHS decides (unset: no dumps).
   std::string dump_dir;
@@ -28,6 +29,8 @@ void simplify_algebra(Graph& graph);
 void fold_constants(Graph& graph);
 // Two nodes with the same op, attributes and inputs become one (stateful nodes never merge).
 void eliminate_common_subexpressions(Graph& graph);
+// v -= scale * (a @ b) becomes one GEMM accumulating into v (see update_fusion.cpp).
+void fuse_variable_updates(Graph& graph);
 // Chains of elementwise ops over same-shaped tensors become one fused node.
 void fuse_elementwise(Graph& graph);
 

@@ -1,0 +1,46 @@
+// fuse_variable_updates: `v -= scale * (a @ b)`, the shape of every SGD step on a weight, becomes
+// one GEMM that accumulates into the variable's buffer (assign_matmul), so the gradient a @ b is
+// never written to memory and read back. At batch 1 that gradient is as large as the weight.
+//
+// Relies on: graph invariants (flowlet/graph.hpp); assign_variable nodes carry VariableAttrs.
+// Keeps: the rewritten node keeps its id, name, control inputs and place in effects(), so its
+// ordering against the variable's other reads and updates is unchanged; the matmul it absorbs had
+// no other use (nor was a graph output), so nothing else changes.
+#include <vector>
+
+#include "ops/state.hpp"
+#include "trace/passes/passes.hpp"
+
+namespace flowlet::detail {
+
+void fuse_variable_updates(Graph& graph) {
+  std::vector<int32_t> uses(graph.nodes().size(), 0);
+  for (const Node& n : graph.nodes()) {
+    if (n.removed) continue;
+    for (const ValueRef& in : n.inputs) ++uses[static_cast<size_t>(in.node)];
+    for (int32_t c : n.control_inputs) ++uses[static_cast<size_t>(c)];
+  }
+  for (const ValueRef& out : graph.outputs()) ++uses[static_cast<size_t>(out.node)];
+
+  for (size_t i = 0; i < graph.nodes().size(); ++i) {
+    Node& update = graph.node(static_cast<int32_t>(i));
+    if (update.removed || update.op != &assign_variable_op) continue;
+    const auto& attrs = *static_cast<const VariableAttrs*>(update.attributes.get());
+    if (attrs.mode == AssignMode::assign) continue;
+    Node& product = graph.node(update.inputs[0].node);
+    if (product.removed || product.kind != NodeKind::op || product.op->name != "matmul" ||
+        uses[static_cast<size_t>(update.inputs[0].node)] != 1 || product.device != update.device) {
+      continue;
+    }
+    const TensorMeta& a = graph.meta(product.inputs[0]);
+    const TensorMeta& b = graph.meta(product.inputs[1]);
+    if (a.shape.size() != 2 || b.shape.size() != 2 || (a.dtype != f32 && a.dtype != f64)) continue;
+    update.op = &assign_matmul_op;
+    update.inputs = product.inputs;
+    update.control_inputs.insert(update.control_inputs.end(), product.control_inputs.begin(),
+                                 product.control_inputs.end());
+    product.removed = true;
+  }
+}
+
+}  // namespace flowlet::detail
