@@ -258,3 +258,32 @@ TEST_CASE("the graph shows what was traced") {
   CHECK(dot.find("digraph") != std::string::npos);
   CHECK(f.trace_count() == 1);
 }
+
+TEST_CASE("an unknown dimension lets one graph serve every batch size, checked by a probe trace") {
+  const fl::Tensor w = fl::randn({5, 3}, 7);
+  fl::TraceOptions options;
+  options.unknown_dims = {{0, 0}};
+  auto forward = fl::trace([&](fl::Tensor x) { return fl::relu(fl::matmul(x, w) + 1.0f); }, options);
+  for (int64_t batch : {4, 7, 9, 2}) {
+    const fl::Tensor x = fl::randn({batch, 5}, static_cast<uint64_t>(batch));
+    CHECK(values(forward(x)) == values(fl::relu(fl::matmul(x, w) + 1.0f)));
+  }
+  CHECK(forward.trace_count() == 1);
+  // Size 1 broadcasts differently from larger sizes, so it gets a graph of its own.
+  const fl::Tensor one = fl::randn({1, 5}, 3);
+  CHECK(values(forward(one)) == values(fl::relu(fl::matmul(one, w) + 1.0f)));
+  CHECK(forward.trace_count() == 2);
+
+  // mean divides by the batch size, which tracing turns into a constant: the probe sees that, so
+  // each size gets its own (correct) graph instead of one silently wrong one.
+  auto average = fl::trace([](fl::Tensor x) { return fl::mean(x); }, options);
+  CHECK(average(fl::ones({4, 2}) * 3.0f).item<float>() == 3.0f);
+  CHECK(average(fl::ones({6, 2}) * 3.0f).item<float>() == 3.0f);
+  CHECK(average.trace_count() == 2);
+  CHECK(average.last_retrace_reason() == "argument 0: shape [4, 2] -> [6, 2]");
+
+  fl::TraceOptions bad;
+  bad.unknown_dims = {{0, 5}};
+  auto f = fl::trace([](fl::Tensor x) { return x; }, bad);
+  test::check_throws<fl::InvalidArgument>([&] { f(fl::ones({2, 2})); }, {"unknown_dims", "dimension 5", "[2, 2]"});
+}

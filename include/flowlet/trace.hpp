@@ -186,12 +186,12 @@ struct Results;
 template <>
 struct Results<Tensor> {
   static std::vector<Tensor> flatten(Tensor r) { return {std::move(r)}; }
-  static Tensor build(std::vector<Tensor>& outputs, const std::vector<int>&) { return std::move(outputs.at(0)); }
+  static Tensor build(std::vector<Tensor>& outputs) { return std::move(outputs.at(0)); }
 };
 template <>
 struct Results<std::vector<Tensor>> {
   static std::vector<Tensor> flatten(std::vector<Tensor> r) { return r; }
-  static std::vector<Tensor> build(std::vector<Tensor>& outputs, const std::vector<int>&) { return std::move(outputs); }
+  static std::vector<Tensor> build(std::vector<Tensor>& outputs) { return std::move(outputs); }
 };
 template <class... Ts>
 struct Results<std::tuple<Ts...>> {
@@ -199,7 +199,7 @@ struct Results<std::tuple<Ts...>> {
   static std::vector<Tensor> flatten(std::tuple<Ts...> r) {
     return std::apply([](auto&... t) { return std::vector<Tensor>{t...}; }, r);
   }
-  static std::tuple<Ts...> build(std::vector<Tensor>& outputs, const std::vector<int>&) {
+  static std::tuple<Ts...> build(std::vector<Tensor>& outputs) {
     return [&]<size_t... I>(std::index_sequence<I...>) { return std::tuple<Ts...>{outputs.at(I)...}; }(
         std::index_sequence_for<Ts...>{});
   }
@@ -227,7 +227,7 @@ class TracedFunction {
       core_->run(entry, tensors);
     } else {
       std::vector<Tensor> outputs = core_->run(entry, tensors);
-      return detail::Results<std::remove_cvref_t<R>>::build(outputs, {});
+      return detail::Results<std::remove_cvref_t<R>>::build(outputs);
     }
   }
 

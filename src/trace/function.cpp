@@ -129,6 +129,7 @@ class FunctionCore {
   int64_t traces = 0;
   std::string last_reason;
   bool warned = false;
+  bool warned_polymorphic = false;
   StepStats last_stats;
 
   // The unknown dimensions as (argument, dimension >= 0), checked against `signature`.
@@ -265,7 +266,8 @@ int TracedCore::finish_trace(const std::vector<ArgSignature>& signature, Builder
     }
     core_->last_reason = join(best);
   }
-  if (!not_polymorphic.empty()) {
+  if (!not_polymorphic.empty() && !core_->warned_polymorphic) {
+    core_->warned_polymorphic = true;
     fmt::print(stderr,
                "flowlet: warning: '{}' cannot serve other sizes of its unknown dimensions with one graph, so each "
                "size is traced on its own: tracing at another size recorded a different graph ({}). Typically a "

@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <memory>
@@ -47,6 +48,14 @@ std::pair<std::string, std::string> addr2line(const char* module, uintptr_t offs
   return {function, location};
 }
 
+// "auto flowlet::TracedFunction<...>::operator()(...)" -> true: the qualified name (after any
+// return type, before template arguments) is in namespace flowlet or std.
+bool is_library_function(std::string_view function) {
+  function = function.substr(0, std::min(function.find('('), function.find('<')));
+  if (const auto space = function.rfind(' '); space != std::string_view::npos) function.remove_prefix(space + 1);
+  return function.starts_with("flowlet::") || function.starts_with("std::") || function.starts_with("__gnu_cxx::");
+}
+
 std::string resolve(const std::vector<void*>& frames) {
   std::string fallback;
   for (void* frame : frames) {
@@ -56,14 +65,12 @@ std::string resolve(const std::vector<void*>& frames) {
     // A return address points after the call; look up the call instruction itself.
     const auto offset = reinterpret_cast<uintptr_t>(frame) - reinterpret_cast<uintptr_t>(info.dli_fbase) - 1;
     auto [function, location] = addr2line(info.dli_fname, offset);
-    if (function.starts_with("flowlet::") || function.starts_with("std::") || function.starts_with("void std::") ||
-        function.starts_with("decltype")) {
-      continue;  // library code compiled into the program (templates, a static flowlet)
-    }
+    if (is_library_function(function)) continue;  // flowlet's templates, a static flowlet, the standard library
     // "main::{lambda(flowlet::Tensor)#1}::operator()(flowlet::Tensor) const" -> "main": the
     // named function around the line is what a reader needs.
     if (const auto lambda = function.find("::{lambda"); lambda != std::string::npos) function.resize(lambda);
     if (const auto paren = function.find('('); paren != std::string::npos) function.resize(paren);
+    if (location.ends_with(":?")) location.resize(location.size() - 2);  // a file without line tables
     const bool has_line = !location.empty() && !location.starts_with("??");
     if (has_line) {
       if (const auto slash = location.rfind('/'); slash != std::string::npos) location.erase(0, slash + 1);
