@@ -5,6 +5,7 @@
 //
 //   timeline [--out DIR] [--steps N]        (FLOWLET_NUM_THREADS sets the thread pool size)
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -183,11 +184,9 @@ void write_timeline_svg(const std::string& path, const std::string& heading, con
   std::map<int, size_t> row_of;
   for (size_t r = 0; r < threads.size(); ++r) row_of[threads[r]] = r;
 
-  double t0 = events.empty() ? 0 : events.front().ts, t1 = t0;
-  for (const Event& e : events) {
-    t0 = std::min(t0, e.ts);
-    t1 = std::max(t1, e.ts + e.dur);
-  }
+  const double t0 = 0;  // times count from the start of the step
+  double t1 = 0;
+  for (const Event& e : events) t1 = std::max(t1, e.ts + e.dur);
   const double step = nice_step(std::max(t1 - t0, 1e-3), 10);
   const double axis_end = std::ceil((t1 - t0) / step) * step;
   const double plot = kWidth - kLeft - kRight;
@@ -279,13 +278,12 @@ int run(const Options& o) {
   const std::string json = step.timeline_json();
   const std::vector<Event> events = parse_trace_events(json);
   if (events.empty()) throw fl::InvalidArgument("timeline: the step recorded no nodes");
-  double t0 = events.front().ts, t1 = t0, busy = 0;
-  int threads = 0;
+  double step_us = 0, busy_us = 0;  // ts counts from the start of the step
+  std::vector<int> threads;
   for (const Event& e : events) {
-    t0 = std::min(t0, e.ts);
-    t1 = std::max(t1, e.ts + e.dur);
-    busy += e.dur;
-    threads = std::max(threads, e.tid + 1);
+    step_us = std::max(step_us, e.ts + e.dur);
+    busy_us += e.dur;
+    if (std::find(threads.begin(), threads.end(), e.tid) == threads.end()) threads.push_back(e.tid);
   }
 
   std::filesystem::create_directories(o.out);
@@ -293,11 +291,11 @@ int run(const Options& o) {
   std::ofstream(json_path) << json << '\n';
   write_timeline_svg(svg_path,
                      fmt::format("flowlet: one traced training step (MLP 784-256-10, Adam, batch {}), {} nodes, {:.0f} µs",
-                                 kBatch, events.size(), t1 - t0),
+                                 kBatch, events.size(), step_us),
                      events);
   fmt::print("{} steps in {:.3f} s (the first traces), loss {:.4f} -> {:.4f}\n", o.steps, seconds, first_loss, last_loss);
-  fmt::print("last step: {} nodes on {} thread(s), step time {:.1f} µs (node time {:.1f} µs)\n", events.size(), threads,
-             t1 - t0, busy);
+  fmt::print("last step: {} nodes on {} thread(s), step time {:.1f} µs (node time summed {:.1f} µs)\n", events.size(),
+             threads.size(), step_us, busy_us);
   fmt::print("wrote {} (open in ui.perfetto.dev or chrome://tracing) and {}\n", json_path, svg_path);
   return 0;
 }

@@ -6,7 +6,8 @@
 //                  (aim 0.05); traced < 1.0x TensorFlow tf.function
 //        batch 64: traced <= 0.6x libtorch; traced < 1.0x TensorFlow tf.function
 //   2. Executor overhead, ONE thread: 1000 chained `t = t + 1.0f` on a 1-element f32 tensor, traced
-//      with optimize = false so all 1000 adds stay: time per node (call / 1000) <= 300 ns. Peers
+//      with elementwise fusion off (it would merge the chain into one node; the scalars fold into
+//      one constant), so 1000 add nodes run: time per node (call / 1000) <= 300 ns. Peers
 //      for information: the same chain eagerly (per op) and TensorFlow tf.function without Grappler
 //      (tf_peer.py tiny_chain).
 //   3. Elementwise fusion, DEFAULT threads (every hardware thread; run in a child process, because
@@ -226,8 +227,8 @@ fl::Tensor tiny_chain(fl::Tensor t) {
 void compare_executor_overhead(bool have_tf) {
   const std::string label = fmt::format("executor overhead, {} chained adds", kChainOps);
   const fl::Tensor x = fl::tensor(std::vector<float>{0.0f}, fl::Shape{1});
-  // optimize = false: constant folding and fusion would otherwise collapse the chain.
-  auto traced = fl::trace(tiny_chain, trace_options("tiny chain", /*optimize=*/false));
+  // Fusion off: it would merge the chain into one node. The scalars fold into one constant.
+  auto traced = fl::trace(tiny_chain, trace_options("tiny chain", /*optimize=*/true, /*fuse_elementwise=*/false));
 
   int op_nodes = 0;  // what the executor runs per call: each add, and the scalar it adds when recorded as an op
   try {
@@ -244,7 +245,7 @@ void compare_executor_overhead(bool have_tf) {
   bench::Section section(label, bench::Metric::time(),
                          "`t = t + 1.0f` on 1 f32 element, time per whole chain, 1 thread");
   bench::Result traced_chain =
-      section.run("flowlet traced (optimize=false)", [&] { bench::do_not_optimize(traced(x)); });
+      section.run("flowlet traced (no fusion)", [&] { bench::do_not_optimize(traced(x)); });
   bench::Result eager_chain = section.run("flowlet eager", [&] { bench::do_not_optimize(tiny_chain(x)); });
   auto tf = tf_case(have_tf, {"tiny_chain", "--n", std::to_string(kChainOps), "--threads", "1"});
   bench::Result tf_chain = tf_row(tf, "function", "TensorFlow tf.function");
