@@ -10,6 +10,7 @@
 #include "core/check.hpp"
 #include "exec/executor.hpp"
 #include "flowlet/trace.hpp"
+#include "trace/json_text.hpp"
 #include "trace/passes/passes.hpp"
 #include "trace/tracer.hpp"
 
@@ -66,6 +67,7 @@ std::vector<std::string> differences(const std::vector<ArgSignature>& before, co
   }
   return found;
 }
+
 
 std::string join(const std::vector<std::string>& parts) {
   std::string text;
@@ -329,11 +331,11 @@ std::string TracedCore::timeline_json() const {
   for (const StepStats::NodeRun& run : core_->last_stats.nodes) {
     const Node& node = graph.node(run.node);
     json += fmt::format("{}{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":1,\"tid\":{}}}",
-                        first ? "" : ",", node.name, node.op ? node.op->name : "", static_cast<double>(run.start_ns) / 1e3,
+                        first ? "" : ",", json_escape(node.name), node.op ? node.op->name : "", static_cast<double>(run.start_ns) / 1e3,
                         static_cast<double>(run.end_ns - run.start_ns) / 1e3, run.thread);
     first = false;
   }
-  return json + "]}";
+  return json + fmt::format("],\"wall_ns\":{}}}", core_->last_stats.wall_ns);
 }
 
 }  // namespace detail

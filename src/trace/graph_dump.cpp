@@ -11,9 +11,12 @@
 
 #include "flowlet/core/format.hpp"
 #include "flowlet/graph.hpp"
+#include "trace/json_text.hpp"
 
 namespace flowlet {
 namespace {
+
+using detail::json_escape;
 
 // A constant's values are shown in DOT labels when it has at most this many elements.
 constexpr int64_t kMaxShownValues = 4;
@@ -90,24 +93,6 @@ std::string dot_escape(std::string_view text) {
   return out;
 }
 
-std::string json_escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<int>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
-}
 
 std::string metas_text(const Node& n) {
   std::string text;
