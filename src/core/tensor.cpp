@@ -134,6 +134,18 @@ void Tensor::check_single_element() const {
   }
 }
 
+namespace detail {
+const char* element_address(const Tensor& t, int64_t index) {
+  int64_t offset = 0;
+  for (int64_t d = t.rank() - 1; d >= 0; --d) {
+    const auto axis = static_cast<size_t>(d);
+    offset += (index % t.shape()[axis]) * t.strides()[axis];
+    index /= t.shape()[axis];
+  }
+  return static_cast<const char*>(t.raw_data()) + offset * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+}  // namespace detail
+
 void Tensor::throw_symbolic(const char* op) {
   detail::fail<InvalidArgument>(
       "{}: cannot read the elements of a symbolic tensor while tracing; got a tensor that the traced graph "

@@ -11,6 +11,7 @@
 
 #include "flowlet/core/format.hpp"
 #include "flowlet/graph.hpp"
+#include "ops/internal.hpp"
 #include "trace/json_text.hpp"
 
 namespace flowlet {
@@ -44,13 +45,7 @@ std::string attributes_text(const Node& n) {
 
 // Element `index` (row-major) of a host tensor as text; the tensor may be a strided view.
 std::string element_text(const Tensor& t, int64_t index) {
-  int64_t offset = 0;
-  for (int64_t d = t.rank() - 1; d >= 0; --d) {
-    const auto axis = static_cast<size_t>(d);
-    offset += (index % t.shape()[axis]) * t.strides()[axis];
-    index /= t.shape()[axis];
-  }
-  const char* at = static_cast<const char*>(t.raw_data()) + offset * static_cast<int64_t>(dtype_size(t.dtype()));
+  const char* at = detail::element_address(t, index);
   auto read = [at]<class T>(T) {
     T value;
     std::memcpy(&value, at, sizeof(T));

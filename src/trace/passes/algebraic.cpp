@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ops/internal.hpp"
 #include "trace/passes/passes.hpp"
 
 namespace flowlet::detail {
@@ -32,13 +33,7 @@ constexpr int64_t kMaxScannedElements = int64_t{1} << 20;
 // Element `index` (row-major) of a host tensor, as a double (exact for every value 0 or 1 can
 // round from, which is all the callers ask about).
 double element_value(const Tensor& t, int64_t index) {
-  int64_t offset = 0;
-  for (int64_t d = t.rank() - 1; d >= 0; --d) {
-    const auto axis = static_cast<size_t>(d);
-    offset += (index % t.shape()[axis]) * t.strides()[axis];
-    index /= t.shape()[axis];
-  }
-  const char* at = static_cast<const char*>(t.raw_data()) + offset * static_cast<int64_t>(dtype_size(t.dtype()));
+  const char* at = detail::element_address(t, index);
   auto read = [at]<class T>(T) {
     T value;
     std::memcpy(&value, at, sizeof(T));
