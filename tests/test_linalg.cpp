@@ -189,3 +189,30 @@ TEST_CASE("matmul rejects integer, half and mixed dtypes with DTypeError") {
   check_op_throws<fl::DTypeError>("matmul", [] { (void)fl::matmul(fl::ones(fl::Shape{2, 2}), fl::ones(fl::Shape{2, 2}, fl::f64)); },
                                   {"f32", "f64"});
 }
+
+TEST_CASE("row, column and rank-1 products (BLAS-2 paths) accept transposed and strided views") {
+  int compared = 0;
+  uint64_t seed = 400;
+  for (fl::DType dt : test::kFloatDTypes) {
+    CAPTURE(dt);
+    struct Dims {
+      int64_t m, k, n;
+    };
+    for (const Dims& d : {Dims{1, 37, 23}, Dims{29, 41, 1}, Dims{31, 1, 19}, Dims{1, 1, 7}, Dims{1, 5, 1}}) {
+      CAPTURE(d.m);
+      CAPTURE(d.k);
+      CAPTURE(d.n);
+      const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
+      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      // The same values stored transposed, then viewed back: BLAS sees a transpose flag.
+      const fl::Tensor a_t = fl::transpose(test::make(test::values(fl::transpose(a)), fl::Shape{d.k, d.m}, dt));
+      const fl::Tensor b_t = fl::transpose(test::make(test::values(fl::transpose(b)), fl::Shape{d.n, d.k}, dt));
+      compared += check_product(fl::matmul(a, b), a, b) ? 1 : 0;
+      compared += check_product(fl::matmul(a_t, b), a, b) ? 1 : 0;
+      compared += check_product(fl::matmul(a, b_t), a, b) ? 1 : 0;
+      compared += check_product(fl::matmul(a_t, b_t), a, b) ? 1 : 0;
+      compared += check_product(fl::matmul(test::strided_view(a), test::strided_view(b)), a, b) ? 1 : 0;
+    }
+  }
+  CHECK(compared == 50);
+}

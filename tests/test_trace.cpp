@@ -287,3 +287,20 @@ TEST_CASE("an unknown dimension lets one graph serve every batch size, checked b
   auto f = fl::trace([](fl::Tensor x) { return x; }, bad);
   test::check_throws<fl::InvalidArgument>([&] { f(fl::ones({2, 2})); }, {"unknown_dims", "dimension 5", "[2, 2]"});
 }
+
+TEST_CASE("a batch-1 SGD step (rank-1 weight updates fused into the weights) matches the eager step") {
+  fl::Variable w_eager(fl::randn({7, 4}, 1), "w"), w_traced(fl::randn({7, 4}, 1), "w");
+  fl::optim::SGD eager_opt(0.5), traced_opt(0.5);
+  auto step = [](fl::Variable& w, fl::optim::SGD& opt, const fl::Tensor& x) {
+    fl::GradientTape tape;
+    const fl::Tensor loss = fl::sum(fl::square(fl::tanh(fl::matmul(x, w))));
+    opt.apply(tape.gradient(loss, {w}), {w});
+    return loss;
+  };
+  auto traced = fl::trace([&](fl::Tensor x) { return step(w_traced, traced_opt, x); });
+  for (int i = 0; i < 3; ++i) {
+    const fl::Tensor x = fl::randn({1, 7}, static_cast<uint64_t>(10 + i));
+    CHECK(traced(x).item<float>() == doctest::Approx(step(w_eager, eager_opt, x).item<float>()).epsilon(1e-6));
+  }
+  check_close(w_traced.value(), w_eager.value(), 1e-6);
+}

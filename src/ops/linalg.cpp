@@ -120,6 +120,49 @@ void gemm_block(DType dtype, const BlasOperand& pa, const BlasOperand& pb, const
   }
 }
 
+// Vector shapes (a row times a matrix, a matrix times a column, a column times a row) as BLAS-2
+// calls: OpenBLAS's GEMM path for them is 2-3x slower than GEMV/GER, and batch-1 training is made
+// of exactly these (the forward x @ W and the weight gradient x^T @ dy). Returns false otherwise.
+bool vector_product(DType dtype, const BlasOperand& pa, const BlasOperand& pb, char* pc, int64_t m, int64_t n,
+                    int64_t k, double alpha, double beta) {
+  if (m != 1 && n != 1 && k != 1) return false;
+  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  // Element step along a row of op(A) (m == 1) or a column of op(B) (n == 1).
+  const int a_row_step = pa.transpose == CblasNoTrans ? 1 : pa.leading;
+  const int b_column_step = pb.transpose == CblasNoTrans ? pb.leading : 1;
+  auto gemv = [&](CBLAS_TRANSPOSE t, int rows, int cols, const char* matrix, int ld, const char* x, int incx) {
+    if (dtype == f32) {
+      cblas_sgemv(CblasRowMajor, t, rows, cols, static_cast<float>(alpha), reinterpret_cast<const float*>(matrix), ld,
+                  reinterpret_cast<const float*>(x), incx, static_cast<float>(beta), reinterpret_cast<float*>(pc), 1);
+    } else {
+      cblas_dgemv(CblasRowMajor, t, rows, cols, alpha, reinterpret_cast<const double*>(matrix), ld,
+                  reinterpret_cast<const double*>(x), incx, beta, reinterpret_cast<double*>(pc), 1);
+    }
+  };
+  if (m == 1) {  // c[1, n] = a[1, k] @ B[k, n]: B^T times a
+    gemv(pb.transpose == CblasNoTrans ? CblasTrans : CblasNoTrans, pb.transpose == CblasNoTrans ? K : N,
+         pb.transpose == CblasNoTrans ? N : K, pb.base, pb.leading, pa.base, a_row_step);
+    return true;
+  }
+  if (n == 1) {  // c[m, 1] = A[m, k] @ b[k, 1]
+    gemv(pa.transpose, pa.transpose == CblasNoTrans ? M : K, pa.transpose == CblasNoTrans ? K : M, pa.base,
+         pa.leading, pb.base, b_column_step);
+    return true;
+  }
+  // k == 1: c = alpha * a b^T (+ c), a rank-1 update.
+  if (beta == 0.0) std::memset(pc, 0, static_cast<size_t>(m * n) * dtype_size(dtype));
+  const int a_column_step = pa.transpose == CblasNoTrans ? pa.leading : 1;
+  const int b_row_step = pb.transpose == CblasNoTrans ? 1 : pb.leading;
+  if (dtype == f32) {
+    cblas_sger(CblasRowMajor, M, N, static_cast<float>(alpha), reinterpret_cast<const float*>(pa.base), a_column_step,
+               reinterpret_cast<const float*>(pb.base), b_row_step, reinterpret_cast<float*>(pc), N);
+  } else {
+    cblas_dger(CblasRowMajor, M, N, alpha, reinterpret_cast<const double*>(pa.base), a_column_step,
+               reinterpret_cast<const double*>(pb.base), b_row_step, reinterpret_cast<double*>(pc), N);
+  }
+  return true;
+}
+
 }  // namespace
 
 void gemm_into(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
@@ -134,6 +177,9 @@ void gemm_into(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double
   use_pool_threads_only();
   const BlasOperand pa = blas_operand(a), pb = blas_operand(b);
   char* pc = static_cast<char*>(c.raw_data());
+  // Small vector products stay on one thread; big ones go through the split GEMM below.
+  const double size = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  if (batch == 1 && size < kGemmWorkPerThread * 64 && vector_product(c.dtype(), pa, pb, pc, m, n, k, alpha, beta)) return;
   const int64_t c_stride = m * n * static_cast<int64_t>(dtype_size(c.dtype()));
   auto block = [&](int64_t i, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     gemm_block(c.dtype(), pa, pb, pa.base + i * pa.batch_stride, pb.base + i * pb.batch_stride, pc + i * c_stride, n,
