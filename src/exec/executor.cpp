@@ -25,8 +25,23 @@
 namespace flowlet::detail {
 namespace {
 
-// Nodes that produce at least this many elements are worth a thread hop; smaller ones run inline.
-constexpr int64_t kExpensiveElements = 1 << 15;
+// A node is worth a thread hop when it is big: a matmul of this many multiply-adds or more, or
+// any op writing this many elements. Smaller ones run inline. (Big ones also split themselves
+// over the pool, so overlapping them only pays when two are independent.)
+constexpr double kExpensiveMultiplyAdds = 1 << 22;
+constexpr int64_t kExpensiveElements = 1 << 18;
+
+bool is_expensive(const Graph& g, const Node& node) {
+  for (const TensorMeta& meta : node.outputs) {
+    if (meta.shape.numel() >= kExpensiveElements) return true;
+  }
+  if (node.op->name == "matmul" && node.inputs.size() == 2 && !node.outputs.empty()) {
+    const Shape& a = g.meta(node.inputs[0]).shape;
+    const double k = a.size() >= 2 ? static_cast<double>(a[a.size() - 1]) : 0.0;
+    return static_cast<double>(node.outputs[0].shape.numel()) * k >= kExpensiveMultiplyAdds;
+  }
+  return false;
+}
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -124,8 +139,7 @@ Plan::Plan(std::shared_ptr<const Graph> graph, bool dynamic_shapes)
       item.first_output = first_slot[id];
       item.num_outputs = static_cast<int32_t>(node.outputs.size());
       item.allocate = !node.op->has_flag(kView);
-      item.expensive = node.op->name == "matmul";
-      for (const TensorMeta& meta : node.outputs) item.expensive |= meta.shape.numel() >= kExpensiveElements;
+      item.expensive = is_expensive(g, node);
       items_.push_back(item);
     }
   }
@@ -152,12 +166,10 @@ Plan::Plan(std::shared_ptr<const Graph> graph, bool dynamic_shapes)
     for (int32_t p : producers) consumers[static_cast<size_t>(p)].push_back(static_cast<int32_t>(i));
     if (producers.empty()) initially_ready_.push_back(static_cast<int32_t>(i));
   }
-  int expensive = 0;
   for (size_t i = 0; i < items_.size(); ++i) {
     items_[i].first_consumer = static_cast<int32_t>(consumers_.size());
     items_[i].num_consumers = static_cast<int32_t>(consumers[i].size());
     consumers_.insert(consumers_.end(), consumers[i].begin(), consumers[i].end());
-    expensive += items_[i].expensive ? 1 : 0;
   }
   for (const ValueRef& out : g.outputs()) {
     const int32_t slot = first_slot.at(static_cast<size_t>(out.node)) + out.output;
@@ -165,8 +177,38 @@ Plan::Plan(std::shared_ptr<const Graph> graph, bool dynamic_shapes)
     output_is_constant_.push_back(g.node(out.node).kind == NodeKind::constant);
     initial_uses_[static_cast<size_t>(slot)] += 1 << 20;  // outputs outlive the step
   }
-  // Overlap pays only when at least two nodes are big enough to be worth a thread hop.
-  concurrent_ = forced_mode() == 2 || (forced_mode() == 0 && intra_op_threads() > 1 && expensive >= 2);
+  // Overlap pays only when two big nodes are independent (neither waits for the other); a chain of
+  // big nodes runs faster sequentially, each split over every thread.
+  concurrent_ = forced_mode() == 2 || (forced_mode() == 0 && intra_op_threads() > 1 && has_independent_expensive_items());
+}
+
+bool Plan::has_independent_expensive_items() const {
+  // Which of the first 64 expensive items each item waits for, directly or not (items are in
+  // topological order, so one forward pass propagates it).
+  std::vector<uint64_t> waits_for(items_.size(), 0);
+  std::vector<int> bit(items_.size(), -1);
+  int expensive = 0;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    if (items_[i].expensive) {
+      if (expensive == 64) return true;  // too many to track: assume some overlap
+      bit[i] = expensive++;
+    }
+  }
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const Item& item = items_[i];
+    const uint64_t mine = waits_for[i] | (bit[i] >= 0 ? uint64_t{1} << bit[i] : 0);
+    for (int32_t k = 0; k < item.num_consumers; ++k) {
+      waits_for[static_cast<size_t>(consumers_[static_cast<size_t>(item.first_consumer + k)])] |= mine;
+    }
+  }
+  // Two expensive items are dependent when one's bit is in the other's ancestors. Since items are
+  // in topological order, item j can only wait for earlier items.
+  for (size_t j = 0; j < items_.size(); ++j) {
+    if (bit[j] < 0) continue;
+    const uint64_t earlier = (uint64_t{1} << bit[j]) - 1;  // expensive items before j
+    if ((waits_for[j] & earlier) != earlier) return true;  // some earlier big item is not an ancestor
+  }
+  return false;
 }
 
 void Plan::run_item(Step& step, int32_t index) const {

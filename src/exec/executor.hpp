@@ -56,6 +56,7 @@ class Plan {
     bool expensive = false;       // worth handing to another thread
   };
 
+  bool has_independent_expensive_items() const;
   void run_item(Step& step, int32_t item) const;
   void run_sequential(Step& step) const;
   void run_concurrent(Step& step) const;

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <immintrin.h>
 #include <cassert>
 #include <condition_variable>
 #include <cstdint>
@@ -34,6 +36,7 @@ struct Job {
   int64_t chunks;
   std::atomic<int64_t> next{0};
   int active_workers = 0;    // guarded by the pool mutex
+  std::atomic<int> active_workers_atomic{0};  // a copy of it that a waiting caller may poll unlocked
   std::exception_ptr error;  // guarded by the pool mutex
 
   bool has_chunks_left() const { return next.load(std::memory_order_relaxed) < chunks; }
@@ -93,6 +96,7 @@ class ThreadPool {
       if (counted) ++running_;
       jobs_.push_back(&job);
       room = running_ < budget_;
+      posted_.fetch_add(1, std::memory_order_release);
     }
     if (room) wake_workers_.notify_all();
     std::exception_ptr error = job.work();
@@ -100,6 +104,13 @@ class ThreadPool {
     jobs_.erase(std::find(jobs_.begin(), jobs_.end(), &job));
     // While it waits the caller does not run: a worker may start other work in its place.
     if (counted && --running_ < budget_ && (open_job() || !tasks_.empty())) wake_workers_.notify_one();
+    if (job.active_workers != 0) {
+      // A worker is finishing its last chunk, usually within microseconds: poll briefly before
+      // sleeping, since a futex sleep and wake-up costs more than a short chunk.
+      lock.unlock();
+      spin_until([&] { return job.active_workers_atomic.load(std::memory_order_acquire) == 0; });
+      lock.lock();
+    }
     job_done_.wait(lock, [&] { return job.active_workers == 0; });
     if (!error) error = job.error;
     if (error) std::rethrow_exception(error);
@@ -111,6 +122,7 @@ class ThreadPool {
       std::lock_guard lock(mutex_);
       tasks_.push_back(task);
       room = running_ < budget_;
+      posted_.fetch_add(1, std::memory_order_release);
     }
     if (room) wake_workers_.notify_one();
   }
@@ -127,18 +139,29 @@ class ThreadPool {
     std::unique_lock lock(mutex_);
     for (;;) {
       Job* job = nullptr;
-      wake_workers_.wait(lock, [&] {
+      auto has_work = [&] {
         return stopping_ || (running_ < budget_ && ((job = open_job()) != nullptr || !tasks_.empty()));
-      });
+      };
+      if (!has_work()) {
+        // Poll for new work for a few tens of microseconds before sleeping: eager code posts
+        // parallel_for jobs back to back, and a futex wake-up costs about as much as a chunk.
+        const uint64_t seen = posted_.load(std::memory_order_acquire);
+        lock.unlock();
+        spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; });
+        lock.lock();
+      }
+      wake_workers_.wait(lock, has_work);
       if (stopping_) return;
       ++running_;
       if (job) {  // chunks first: their caller is waiting, and they are short
         ++job->active_workers;
+        job->active_workers_atomic.store(job->active_workers, std::memory_order_release);
         lock.unlock();
         std::exception_ptr error = job->work();
         lock.lock();
         if (error && !job->error) job->error = error;
         if (--job->active_workers == 0) job_done_.notify_all();
+        job->active_workers_atomic.store(job->active_workers, std::memory_order_release);
       } else {
         const Task task = tasks_.front();
         tasks_.pop_front();
@@ -150,6 +173,18 @@ class ThreadPool {
     }
   }
 
+  // Polls `done` for up to kSpinMicroseconds, pausing between polls.
+  template <class Done>
+  static void spin_until(Done done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
+    while (!done()) {
+      for (int i = 0; i < 16; ++i) _mm_pause();
+      if (std::chrono::steady_clock::now() > deadline) return;
+    }
+  }
+  static constexpr int kSpinMicroseconds = 50;
+
+  std::atomic<uint64_t> posted_{0};  // jobs and tasks posted so far, for spinning workers
   std::mutex mutex_;
   std::condition_variable wake_workers_;
   std::condition_variable job_done_;
