@@ -5,7 +5,9 @@
 #include <array>
 
 #include "core/check.hpp"
+#include "core/device_scope_state.hpp"
 #include "flowlet/autodiff.hpp"
+#include "ops/internal.hpp"
 #include "trace/tracer.hpp"
 
 namespace flowlet {
@@ -21,9 +23,9 @@ std::string kernel_devices(const Op& op) {
   return names.empty() ? "none" : names;
 }
 
-// Runs `op` and leaves its outputs in `outputs`; returns how many there are.
-int run_op(const Op& op, std::span<const Tensor> inputs, const void* attributes,
-           std::array<Tensor, kMaxOutputs>& outputs) {
+// Runs `op` where its inputs are and leaves its outputs in `outputs`; returns how many there are.
+int run_here(const Op& op, std::span<const Tensor> inputs, const void* attributes,
+             std::array<Tensor, kMaxOutputs>& outputs) {
   const auto count = static_cast<int>(inputs.size());
   if (count < op.min_inputs || (op.max_inputs >= 0 && count > op.max_inputs)) {
     if (op.min_inputs == op.max_inputs) {
@@ -68,6 +70,39 @@ int run_op(const Op& op, std::span<const Tensor> inputs, const void* attributes,
     detail::record_on_tapes(op, inputs, attributes, std::span<const Tensor>(outputs.data(), static_cast<size_t>(spec.count)));
   }
   return spec.count;
+}
+
+// Inside an eager DeviceScope: copies the inputs that are elsewhere to the scope's device (through
+// to_device, so tapes record the copies and gradients flow back), then runs there.
+[[gnu::noinline]] int run_in_scope(const Op& op, std::span<const Tensor> inputs, const void* attributes,
+                                   std::array<Tensor, kMaxOutputs>& outputs, Device device) {
+  std::vector<Tensor> moved(inputs.begin(), inputs.end());
+  for (size_t i = 0; i < moved.size(); ++i) {
+    const Tensor& t = inputs[i];
+    // Empty handles and stray symbolic tensors stay as they are, for run_here to report.
+    if (!t.defined() || t.impl_ptr()->trace_id != 0 || t.device() == device) continue;
+    size_t same = 0;  // an input used twice (x * x) is copied once
+    while (same < i && inputs[same].impl_ptr() != t.impl_ptr()) ++same;
+    moved[i] = same < i ? moved[same] : detail::copy_to_device(t, device);
+  }
+  return run_here(op, std::span<const Tensor>(moved.data(), moved.size()), attributes, outputs);
+}
+
+// Runs `op` on the innermost device scope's device when there is one and it applies, else where
+// the inputs are. Ops that place their output themselves (to_device) and traces ignore scopes (a
+// traced node records the scope as its requested device instead).
+int run_op(const Op& op, std::span<const Tensor> inputs, const void* attributes,
+           std::array<Tensor, kMaxOutputs>& outputs) {
+  if (const detail::ScopeFrame* scope = detail::innermost_scope) [[unlikely]] {
+    if (!op.has_flag(kPlacesOutput) && !detail::active_trace()) {
+      for (const Tensor& t : inputs) {
+        if (t.defined() && t.device() != scope->device) {
+          return run_in_scope(op, inputs, attributes, outputs, scope->device);
+        }
+      }
+    }
+  }
+  return run_here(op, inputs, attributes, outputs);
 }
 
 }  // namespace

@@ -491,19 +491,20 @@ TEST_CASE("optimize writes DOT and JSON before and after every pass into the dum
   for (const auto& entry : std::filesystem::directory_iterator(dir / "nested")) {
     names.insert(entry.path().filename().string());
   }
-  // 10 snapshots (traced + 9 passes) x 2 formats x 2 calls, none overwriting another.
-  CHECK(names.size() == 40);
+  // 11 snapshots (traced + 10 passes) x 2 formats x 2 calls, none overwriting another.
+  CHECK(names.size() == 44);
   std::set<std::string> sequences;
   for (const std::string& name : names) sequences.insert(name.substr(0, name.find('_')));
   CHECK(sequences.size() == 2);
   const std::string first = *sequences.begin();
   for (std::string_view step : {"_00_traced", "_01_prune", "_02_simplify_algebra", "_03_fold_constants",
                                 "_04_eliminate_common_subexpressions", "_05_simplify_algebra",
-                                "_06_fuse_variable_updates", "_07_fuse_elementwise", "_08_prune", "_09_compact"}) {
+                                "_06_place", "_07_fuse_variable_updates", "_08_fuse_elementwise", "_09_prune",
+                                "_10_compact"}) {
     CHECK(names.count(first + std::string(step) + ".dot") == 1);
     CHECK(names.count(first + std::string(step) + ".json") == 1);
   }
-  std::ifstream json(dir / "nested" / (first + "_09_compact.json"));
+  std::ifstream json(dir / "nested" / (first + "_10_compact.json"));
   const std::string text((std::istreambuf_iterator<char>(json)), std::istreambuf_iterator<char>());
   CHECK(valid_json(text));
   CHECK(text.find("\"op\":\"neg\"") != std::string::npos);

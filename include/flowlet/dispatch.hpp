@@ -11,7 +11,8 @@
 namespace flowlet {
 
 // Validates the call (arity, defined inputs, one device), infers the outputs, allocates them and
-// runs the kernel for the inputs' device. Returns all outputs.
+// runs the kernel for the inputs' device. Returns all outputs. Inside an eager DeviceScope, inputs
+// on other devices are first copied to the scope's device (flowlet/device_scope.hpp).
 std::vector<Tensor> dispatch_all(const Op& op, std::span<const Tensor> inputs, const void* attributes);
 
 // The same for ops with exactly one output (the common case, without a vector).

@@ -12,6 +12,7 @@
 #include "flowlet/core/tensor.hpp"
 #include "flowlet/data/fashion_mnist.hpp"
 #include "flowlet/data/pipeline.hpp"
+#include "flowlet/device_scope.hpp"
 #include "flowlet/dispatch.hpp"
 #include "flowlet/graph.hpp"
 #include "flowlet/layers.hpp"

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -57,6 +58,9 @@ struct Node {
   std::shared_ptr<const void> attributes;   // the op's attribute struct (copied), or null
   std::vector<TensorMeta> outputs;          // shape and dtype of each output as traced
   Device device;                            // where it runs
+  std::optional<Device> requested_device;   // kind == op: the DeviceScope it was recorded in, for the placer
+  const void* colocate_with = nullptr;      // kind == op: the ColocateWith variable's identity(), or null
+  std::string placement_reason;             // why `device` (the placer's answer; empty before it ran)
   int32_t argument = -1;                    // kind == argument
   Tensor value;                             // kind == constant
   SourceTrace source;                       // kind == op: where the user recorded it
@@ -78,7 +82,7 @@ class Graph {
   const TensorMeta& meta(ValueRef v) const;
 
   std::string to_dot() const;   // Graphviz: one box per live node (op, attributes, device, shapes)
-  std::string to_json() const;  // {"nodes":[{"id","name","kind","op","inputs","control","device",...}],"outputs","effects"}
+  std::string to_json() const;  // {"nodes":[{"id","name","kind","op","inputs","control","device","requested_device",...}],"outputs","effects"}
 
   // --- building and rewriting (the tracer and the passes) ---
   Node& node(int32_t id) { return nodes_.at(static_cast<size_t>(id)); }

@@ -103,6 +103,7 @@ enum OpFlags : uint32_t {
   kView = 1u << 0,         // outputs alias the input's storage; the kernel builds them itself
   kStateful = 1u << 1,     // has effects beyond its outputs: never folded, deduplicated or pruned
   kElementwise = 1u << 2,  // output element i depends only on input elements i (after broadcast)
+  kPlacesOutput = 1u << 3, // its attributes say where the output lives (to_device): device scopes leave it be
 };
 
 struct Op {

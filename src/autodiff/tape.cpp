@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "core/check.hpp"
+#include "core/device_scope_state.hpp"
 #include "flowlet/op.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "flowlet/ops/elementwise.hpp"
@@ -206,6 +207,7 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vect
   for (size_t i = 0; i < sources.size(); ++i) {
     if (!sources[i].defined()) detail::fail<InvalidArgument>("gradient: source {} is an empty Tensor handle", i);
   }
+  detail::NoDeviceScope follow_forward;  // each gradient op runs where its forward op ran
   const auto grads = differentiate(*state_, target);
   std::vector<Tensor> result;
   for (const Tensor& source : sources) result.push_back(detail::gradient_or_zeros(grads, source));
@@ -217,6 +219,7 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vect
   for (size_t i = 0; i < sources.size(); ++i) {
     if (!sources[i].defined()) detail::fail<InvalidArgument>("gradient: source {} is an empty Variable handle", i);
   }
+  detail::NoDeviceScope follow_forward;  // each gradient lands on its source's device
   const auto grads = differentiate(*state_, target);
   std::vector<Tensor> result;
   for (const Variable& v : sources) {

@@ -109,6 +109,8 @@ ThreadCache* local_cache() {
 
 }  // namespace
 
+DeviceMemoryCounters cpu_memory_counters[kMaxLogicalCpuDevices];
+
 void* cpu_allocate(size_t bytes) {
   if (bytes > (size_t{1} << 52)) throw std::bad_alloc();  // beyond any machine; keeps classes in range
   const int cls = size_class(bytes);

@@ -1,9 +1,23 @@
-// Device parsing, names and the table of devices this process has.
+// Device parsing, names, the table of devices this process has (logical CPU devices) and their
+// memory statistics.
+#include <atomic>
 #include <charconv>
 
+#include "core/allocator.hpp"
 #include "core/check.hpp"
 
 namespace flowlet {
+namespace {
+
+// The logical CPU device count in the low bits, and kCpuDevicesUsed once a device other than
+// cpu:0 has been used: from then on the count is fixed. One word, so that "check the count and
+// mark it used" and "change the count unless used" cannot interleave.
+constexpr uint32_t kCpuDevicesUsed = uint32_t{1} << 31;
+std::atomic<uint32_t> cpu_devices{1};
+
+int cpu_device_count(uint32_t state) { return static_cast<int>(state & ~kCpuDevicesUsed); }
+
+}  // namespace
 
 std::string_view device_kind_name(DeviceKind kind) { return kind == DeviceKind::cpu ? "cpu" : "cuda"; }
 
@@ -30,12 +44,24 @@ Device::Device(std::string_view spec) {
 
 std::string Device::str() const { return fmt::format("{}:{}", device_kind_name(kind_), index_); }
 
-int device_count(DeviceKind kind) { return kind == DeviceKind::cpu ? 1 : 0; }
+int device_count(DeviceKind kind) {
+  return kind == DeviceKind::cpu ? cpu_device_count(cpu_devices.load(std::memory_order_acquire)) : 0;
+}
 
 void check_device_exists(std::string_view op, Device device) {
   if (device.kind() == DeviceKind::cpu && device.index() == 0) return;  // the hot path
-  const int count = device_count(device.kind());
-  if (device.index() >= count) {
+  int count = 0;
+  if (device.kind() == DeviceKind::cpu) {
+    // Marks the count as used, but only if it is still the count this check passed against.
+    uint32_t state = cpu_devices.load(std::memory_order_acquire);
+    while (device.index() >= 0 && device.index() < cpu_device_count(state) && (state & kCpuDevicesUsed) == 0 &&
+           !cpu_devices.compare_exchange_weak(state, state | kCpuDevicesUsed, std::memory_order_acq_rel)) {
+    }
+    count = cpu_device_count(state);
+  } else {
+    count = device_count(device.kind());
+  }
+  if (device.index() < 0 || device.index() >= count) {
     if (count == 0) {
       detail::fail<DeviceError>("{}: device {} does not exist; this process has no {} devices", op, device,
                                 device_kind_name(device.kind()));
@@ -43,6 +69,36 @@ void check_device_exists(std::string_view op, Device device) {
     detail::fail<DeviceError>("{}: device {} does not exist; available: {}:0 .. {}:{}", op, device,
                               device_kind_name(device.kind()), device_kind_name(device.kind()), count - 1);
   }
+}
+
+void set_logical_cpu_devices(int n) {
+  if (n < 1 || n > kMaxLogicalCpuDevices) {
+    detail::fail<InvalidArgument>("set_logical_cpu_devices: need 1 <= n <= {}; got {}", kMaxLogicalCpuDevices, n);
+  }
+  uint32_t state = cpu_devices.load(std::memory_order_acquire);
+  for (;;) {
+    if (cpu_device_count(state) == n) return;
+    if ((state & kCpuDevicesUsed) != 0) {
+      detail::fail<InvalidArgument>(
+          "set_logical_cpu_devices: must be called before first use of a logical CPU device; got n = {} while "
+          "cpu:0 .. cpu:{} are in use; call it once, at the start of the program",
+          n, cpu_device_count(state) - 1);
+    }
+    if (cpu_devices.compare_exchange_weak(state, static_cast<uint32_t>(n), std::memory_order_acq_rel)) return;
+  }
+}
+
+DeviceMemoryStats memory_stats(Device device) {
+  check_device_exists("memory_stats", device);
+  const detail::DeviceMemoryCounters& c = detail::cpu_memory_counters[device.index()];
+  return {c.bytes_in_use.load(std::memory_order_relaxed), c.peak_bytes_in_use.load(std::memory_order_relaxed),
+          c.allocations.load(std::memory_order_relaxed)};
+}
+
+void reset_peak_memory_stats(Device device) {
+  check_device_exists("reset_peak_memory_stats", device);
+  detail::DeviceMemoryCounters& c = detail::cpu_memory_counters[device.index()];
+  c.peak_bytes_in_use.store(c.bytes_in_use.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 }  // namespace flowlet

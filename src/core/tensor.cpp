@@ -7,6 +7,7 @@
 
 #include "core/allocator.hpp"
 #include "core/check.hpp"
+#include "core/device_scope_state.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "ops/internal.hpp"
 
@@ -72,14 +73,19 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (device.kind() != DeviceKind::cpu) {
     detail::fail<DeviceError>("storage: no allocator for device {}", device);
   }
+  if (device.index() != 0) check_device_exists("storage", device);  // also fixes the logical device count
   data_ = detail::cpu_allocate(bytes);
+  detail::count_allocation(device.index(), bytes);
 }
 
 Storage::Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> owner)
     : data_(data), bytes_(bytes), device_(device), owner_(std::move(owner)) {}
 
 Storage::~Storage() {
-  if (!owner_ && data_ != nullptr) detail::cpu_deallocate(data_, bytes_);  // symbolic tensors own none
+  if (!owner_ && data_ != nullptr) {  // ours (symbolic tensors own none; adopted memory has an owner)
+    detail::count_release(device_.index(), bytes_);
+    detail::cpu_deallocate(data_, bytes_);
+  }
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -157,6 +163,7 @@ void Tensor::throw_symbolic(const char* op) {
 
 void Tensor::copy_to_host(void* destination, const char* op) const {
   if (is_symbolic()) throw_symbolic(op);
+  detail::NoDeviceScope here;  // a read needs no copy to the scope's device first
   const Tensor host = device().kind() == DeviceKind::cpu ? contiguous() : to(Device("cpu")).contiguous();
   std::memcpy(destination, host.raw_data(), static_cast<size_t>(numel()) * dtype_size(dtype()));
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/check.hpp"
+#include "core/device_scope_state.hpp"
 #include "exec/thread_pool.hpp"
 #include "core/variable_state.hpp"
 #include "flowlet/autodiff.hpp"
@@ -30,6 +31,7 @@ Variable::Variable(Tensor initial, std::string name) {
   state_ = std::make_shared<detail::VariableState>();
   state_->name = std::move(name);
   detail::EagerScope eager;  // the private copy below is made now, even inside a trace
+  detail::NoDeviceScope here;  // a variable lives where its initial value is
   state_->value = cast(initial, initial.dtype());  // a private contiguous copy of the caller's tensor
 }
 
@@ -118,6 +120,7 @@ bool update_in_place(Tensor& value, const Tensor& t, double scale) {
 
 void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt, double scale) {
   static constexpr const char* names[] = {"assign", "assign_add", "assign_sub"};
+  NoDeviceScope here;  // the arithmetic below runs on the variable's device, whatever scope is active
   std::lock_guard lock(s.mutex);
   check_variable_update(names[static_cast<int>(mode)], s, t);
   if (mode == AssignMode::assign) {
@@ -146,6 +149,10 @@ void update(const std::shared_ptr<detail::VariableState>& state, detail::AssignM
   }
   if (detail::active_trace()) {
     detail::record_variable_update(state, mode, t, scale);
+  } else if (detail::innermost_scope && t.defined() && !t.is_symbolic() && t.device() != peek(*state).device()) {
+    // Inside a device scope the update was computed on the scope's device: it moves to the
+    // variable, which never changes device (outside a scope a device mismatch is an error).
+    detail::apply_variable_update(*state, mode, t.to(peek(*state).device()), /*adopt=*/false, scale);
   } else {
     detail::apply_variable_update(*state, mode, t, /*adopt=*/false, scale);
   }

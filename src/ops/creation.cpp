@@ -149,9 +149,12 @@ Tensor tensor_from_host(const void* values, size_t count, DType dtype, const Sha
     fail<ShapeError>("tensor: values do not fill the shape; got {} values for shape {} ({} elements)", count, shape,
                      shape.numel());
   }
-  Tensor out = Tensor::empty(shape, dtype, Device());
+  // CPU devices share one memory, so the values are copied straight into the destination.
+  const Device host = device.kind() == DeviceKind::cpu ? device : Device();
+  if (host != Device()) check_device_exists("tensor", host);
+  Tensor out = Tensor::empty(shape, dtype, host);
   if (count > 0) std::memcpy(out.raw_data(), values, count * dtype_size(dtype));
-  return device == Device() ? out : out.to(device);
+  return device == host ? out : out.to(device);
 }
 
 }  // namespace detail

@@ -316,7 +316,7 @@ Op slice_op{"slice", 1, 1, kView, &slice_infer, {&slice_kernel, nullptr}, &slice
             &describe_attributes<SliceAttrs>};
 Op copy_op{"copy", 1, 1, kElementwise, &same_meta_infer, {&copy_kernel, nullptr}, &copy_grad};
 // The CPU kernel copies between CPU devices; other backends register theirs for their kind.
-Op to_device_op{"to_device", 1, 1, kNoFlags, &to_device_infer, {&copy_kernel, nullptr}, &to_device_grad,
+Op to_device_op{"to_device", 1, 1, kPlacesOutput, &to_device_infer, {&copy_kernel, nullptr}, &to_device_grad,
                 &copy_attributes<ToDeviceAttrs>, &describe_attributes<ToDeviceAttrs>};
 Op concat_op{"concat", 1, -1, kNoFlags, &concat_infer, {&concat_kernel, nullptr}, &concat_grad,
              &copy_attributes<ConcatAttrs>, &describe_attributes<ConcatAttrs>};

@@ -127,9 +127,10 @@ void Adam::update(Variable& var, const Tensor& grad) {
   m.assign(beta1_ * m.value() + (1.0 - beta1_) * grad);
   v.assign(beta2_ * v.value() + (1.0 - beta2_) * square(grad));
   // The bias correction reads the step from a variable (never a constant baked into a trace).
-  const Tensor t = step(var.dtype());
-  const Tensor corrected_lr = lr_ * sqrt(1.0 - pow(full({}, beta2_, var.dtype()), t)) /
-                              (1.0 - pow(full({}, beta1_, var.dtype()), t));
+  // On the variable's device (the step counter may live on another logical device).
+  const Tensor t = step(var.dtype()).to(var.device());
+  const Tensor corrected_lr = lr_ * sqrt(1.0 - pow(full({}, beta2_, var.dtype(), var.device()), t)) /
+                              (1.0 - pow(full({}, beta1_, var.dtype(), var.device()), t));
   if (weight_decay_ > 0.0) var.assign_sub(var.value(), lr_ * weight_decay_);
   var.assign_sub(corrected_lr * m.value() / (sqrt(v.value()) + eps_));
 }

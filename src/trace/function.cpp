@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/check.hpp"
+#include "core/device_scope_state.hpp"
 #include "exec/executor.hpp"
 #include "flowlet/trace.hpp"
 #include "trace/json_text.hpp"
@@ -252,7 +253,10 @@ int TracedCore::finish_trace(const std::vector<ArgSignature>& signature, Builder
     passes.simplify = passes.fold_constants = passes.eliminate_common_subexpressions = false;
     passes.fuse_variable_updates = false;
   }
-  optimize(*graph, passes);
+  {
+    NoDeviceScope graph_decides;  // passes (constant folding) run ops where the nodes say, not in a scope
+    optimize(*graph, passes);
+  }
   entry->graph = graph;
   entry->plan = std::make_unique<Plan>(graph, dynamic);
 
@@ -291,6 +295,7 @@ int TracedCore::finish_trace(const std::vector<ArgSignature>& signature, Builder
 }
 
 std::vector<Tensor> TracedCore::run(int entry, std::span<const Tensor> tensor_args) {
+  NoDeviceScope graph_decides;  // nodes run on their Node::device; kernels that call ops stay there
   std::shared_ptr<Entry> e;
   {
     std::lock_guard lock(core_->mutex);

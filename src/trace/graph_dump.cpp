@@ -139,6 +139,8 @@ std::string Graph::to_dot() const {
         break;
     }
     lines.push_back(metas_text(n));
+    if (n.requested_device) lines.push_back(fmt::format("requested {}", *n.requested_device));
+    if (!n.placement_reason.empty() && n.kind == NodeKind::op) lines.push_back("placed: " + n.placement_reason);
     if (n.kind == NodeKind::op) {
       if (const std::string& where = n.source.describe(); !where.empty()) lines.push_back(where);
     }
@@ -175,13 +177,15 @@ std::string Graph::to_json() const {
     // Every node has every key ("" where it does not apply), so readers need no special cases.
     json += fmt::format(",\"op\":\"{}\",\"attributes\":\"{}\"", json_escape(op_name(n)),
                         json_escape(attributes_text(n)));
+    json += fmt::format(",\"placement_reason\":\"{}\"", json_escape(n.placement_reason));
     if (n.kind == NodeKind::argument) json += fmt::format(",\"argument\":{}", n.argument);
     json += ",\"inputs\":[";
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       json += fmt::format("{}[{},{}]", k > 0 ? "," : "", n.inputs[k].node, n.inputs[k].output);
     }
-    json += fmt::format("],\"control_inputs\":[{}],\"device\":\"{}\",\"outputs\":[", fmt::join(n.control_inputs, ","),
-                        json_escape(n.device.str()));
+    json += fmt::format("],\"control_inputs\":[{}],\"device\":\"{}\",\"requested_device\":{},\"outputs\":[",
+                        fmt::join(n.control_inputs, ","), json_escape(n.device.str()),
+                        n.requested_device ? fmt::format("\"{}\"", n.requested_device->str()) : "null");
     for (size_t k = 0; k < n.outputs.size(); ++k) {
       const TensorMeta& m = n.outputs[k];
       json += fmt::format("{}{{\"shape\":[{}],\"dtype\":\"{}\"}}", k > 0 ? "," : "",

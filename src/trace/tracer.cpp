@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "core/check.hpp"
+#include "core/device_scope_state.hpp"
 #include "trace/source_trace.hpp"
 
 namespace flowlet::detail {
@@ -82,6 +83,10 @@ int32_t TraceBuilder::record(const Op& op, std::span<const Tensor> inputs, const
   if (attributes && op.copy_attributes) n.attributes = op.copy_attributes(attributes);
   for (int i = 0; i < spec.count; ++i) n.outputs.push_back(spec.outputs[static_cast<size_t>(i)]);
   n.device = spec.device;
+  if (const ScopeFrame* scope = innermost_scope) {  // placement requests, kept for the placer
+    n.requested_device = scope->requested;
+    n.colocate_with = scope->colocate_with;
+  }
   n.source = capture_source();
   const int32_t id = graph_.add_node(std::move(n));
   for (int i = 0; i < spec.count; ++i) {

@@ -38,4 +38,30 @@ int device_count(DeviceKind kind);
 // Throws DeviceError naming `op` unless `device` exists in this process.
 void check_device_exists(std::string_view op, Device device);
 
+// The most logical CPU devices a process may configure.
+inline constexpr int kMaxLogicalCpuDevices = 64;
+
+// Splits the CPU into n logical devices cpu:0 .. cpu:n-1 (one memory and one thread pool, but
+// separate devices for placement, accounting and copies), so that multi-device code runs and is
+// tested without GPUs:
+//   set_logical_cpu_devices(4);                  // first thing in main()
+//   Tensor a = ones({8}).to(Device("cpu:3"));
+// InvalidArgument unless 1 <= n <= kMaxLogicalCpuDevices, and when n differs from the current
+// count after a device other than cpu:0 was used (a tensor allocated or an op run there). The
+// same n again is a no-op. Thread-safe.
+void set_logical_cpu_devices(int n);
+
+// Memory that tensors hold on one device, counted at the bytes each storage asked for. Storage
+// owned by someone else (an adopted xtensor array) is not counted.
+struct DeviceMemoryStats {
+  int64_t bytes_in_use = 0;       // held by live storages now
+  int64_t peak_bytes_in_use = 0;  // the most ever held at once (since the last reset)
+  int64_t allocations = 0;        // storages allocated so far
+};
+
+// DeviceError unless `device` exists. Reading never blocks allocation (relaxed counters).
+DeviceMemoryStats memory_stats(Device device);
+// Sets the peak to the bytes in use now.
+void reset_peak_memory_stats(Device device);
+
 }  // namespace flowlet

@@ -29,6 +29,9 @@ void simplify_algebra(Graph& graph);
 void fold_constants(Graph& graph);
 // Two nodes with the same op, attributes and inputs become one (stateful nodes never merge).
 void eliminate_common_subexpressions(Graph& graph);
+// Chooses each op node's device: requests, colocation with variables, kernel availability, then
+// follow the largest input (see placement.cpp). Throws DeviceError on constraints that conflict.
+void place(Graph& graph);
 // v -= scale * (a @ b) becomes one GEMM accumulating into v (see update_fusion.cpp).
 void fuse_variable_updates(Graph& graph);
 // Chains of elementwise ops over same-shaped tensors become one fused node.

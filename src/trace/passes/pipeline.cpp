@@ -81,6 +81,7 @@ void optimize(Graph& graph, const PassOptions& options) {
   run("fold_constants", options.fold_constants, &fold_constants);
   run("eliminate_common_subexpressions", options.eliminate_common_subexpressions, &eliminate_common_subexpressions);
   run("simplify_algebra", options.simplify, &simplify_algebra);
+  run("place", true, &place);
   run("fuse_variable_updates", options.fuse_variable_updates, &fuse_variable_updates);
   run("fuse_elementwise", options.fuse_elementwise, &fuse_elementwise);
   run("prune", true, &prune);
