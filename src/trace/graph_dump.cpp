@@ -45,23 +45,10 @@ std::string attributes_text(const Node& n) {
 
 // Element `index` (row-major) of a host tensor as text; the tensor may be a strided view.
 std::string element_text(const Tensor& t, int64_t index) {
-  const char* at = detail::element_address(t, index);
-  auto read = [at]<class T>(T) {
-    T value;
-    std::memcpy(&value, at, sizeof(T));
-    return value;
-  };
-  switch (t.dtype()) {
-    case DType::f32: return fmt::format("{}", read(float{}));
-    case DType::f64: return fmt::format("{}", read(double{}));
-    case DType::i32: return fmt::format("{}", read(int32_t{}));
-    case DType::i64: return fmt::format("{}", read(int64_t{}));
-    case DType::u8: return fmt::format("{}", read(uint8_t{}));
-    case DType::b8: return read(uint8_t{}) != 0 ? "true" : "false";
-    case DType::f16: return fmt::format("{}", static_cast<float>(read(f16_t{})));
-    case DType::bf16: return fmt::format("{}", static_cast<float>(read(bf16_t{})));
-  }
-  return "?";
+  return detail::visit_element(t, index, [](auto value) -> std::string {
+    if constexpr (std::is_same_v<decltype(value), bool>) return value ? "true" : "false";
+    else return fmt::format("{}", value);
+  });
 }
 
 // "[1, 2, 3]" for a small constant on the host; "" when it is large or elsewhere.

@@ -33,23 +33,7 @@ constexpr int64_t kMaxScannedElements = int64_t{1} << 20;
 // Element `index` (row-major) of a host tensor, as a double (exact for every value 0 or 1 can
 // round from, which is all the callers ask about).
 double element_value(const Tensor& t, int64_t index) {
-  const char* at = detail::element_address(t, index);
-  auto read = [at]<class T>(T) {
-    T value;
-    std::memcpy(&value, at, sizeof(T));
-    return value;
-  };
-  switch (t.dtype()) {
-    case DType::f32: return read(float{});
-    case DType::f64: return read(double{});
-    case DType::i32: return read(int32_t{});
-    case DType::i64: return static_cast<double>(read(int64_t{}));
-    case DType::u8: return read(uint8_t{});
-    case DType::b8: return read(uint8_t{}) != 0 ? 1.0 : 0.0;
-    case DType::f16: return static_cast<float>(read(f16_t{}));
-    case DType::bf16: return static_cast<float>(read(bf16_t{}));
-  }
-  return -1.0;  // unreachable: every dtype is listed
+  return visit_element(t, index, [](auto value) { return static_cast<double>(value); });
 }
 
 bool same_meta(const TensorMeta& a, const TensorMeta& b) { return a.shape == b.shape && a.dtype == b.dtype; }
