@@ -115,7 +115,6 @@ class TracedCore {
   int64_t trace_count() const;
   const std::string& last_retrace_reason() const;
   std::string timeline_json() const;  // Chrome trace-event JSON of the last call (collect_step_stats)
-  const TraceOptions& options() const;
 
   struct Builder {
     std::shared_ptr<void> state;  // the TraceBuilder and the active-trace scope

@@ -119,10 +119,9 @@ bool update_in_place(Tensor& value, const Tensor& t, double scale) {
 }  // namespace
 
 void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt, double scale) {
-  static constexpr const char* names[] = {"assign", "assign_add", "assign_sub"};
   NoDeviceScope here;  // the arithmetic below runs on the variable's device, whatever scope is active
   std::lock_guard lock(s.mutex);
-  check_variable_update(names[static_cast<int>(mode)], s, t);
+  check_variable_update(assign_mode_name(mode), s, t);
   if (mode == AssignMode::assign) {
     // A private copy, unless t is a fresh result: later changes to t's storage must not leak in.
     s.value = adopt && t.is_contiguous() ? t : cast(t, t.dtype());
@@ -145,7 +144,7 @@ void update(const std::shared_ptr<detail::VariableState>& state, detail::AssignM
   if (!state) throw InvalidArgument("Variable: this is an empty Variable handle (default-constructed)");
   if (!std::isfinite(scale)) {
     detail::fail<InvalidArgument>("{}: scale must be finite; got {} for '{}'",
-                                  mode == detail::AssignMode::add ? "assign_add" : "assign_sub", scale, state->name);
+                                  detail::assign_mode_name(mode), scale, state->name);
   }
   if (detail::active_trace()) {
     detail::record_variable_update(state, mode, t, scale);

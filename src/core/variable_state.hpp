@@ -17,6 +17,12 @@ struct VariableState {
 // assign: value = t; add: value += scale * t; sub: value -= scale * t.
 enum class AssignMode : uint8_t { assign, add, sub };
 
+// "assign", "assign_add", "assign_sub": the public method each mode stands for (error messages, node names).
+inline const char* assign_mode_name(AssignMode mode) {
+  static constexpr const char* names[] = {"assign", "assign_add", "assign_sub"};
+  return names[static_cast<int>(mode)];
+}
+
 // ShapeError / DTypeError / DeviceError naming `op` and the variable unless `t` matches its value
 // (symbolic tensors are checked by their shape and dtype alone).
 void check_variable_update(const char* op, const VariableState& s, const Tensor& t);

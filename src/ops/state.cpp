@@ -13,7 +13,6 @@
 namespace flowlet::detail {
 namespace {
 
-constexpr std::array<const char*, 3> mode_names{"assign", "assign_add", "assign_sub"};
 
 void read_infer(const OpCall& call, OutputSpec& spec) {
   const VariableState& s = *call.attrs<VariableAttrs>().state;
@@ -31,7 +30,7 @@ void read_kernel(const OpCall& call, std::span<Tensor> outputs) {
 void assign_infer(const OpCall& call, OutputSpec& spec) {
   const auto& attrs = call.attrs<VariableAttrs>();
   std::lock_guard lock(attrs.state->mutex);
-  check_variable_update(mode_names[static_cast<size_t>(attrs.mode)], *attrs.state, call.inputs[0]);
+  check_variable_update(assign_mode_name(attrs.mode), *attrs.state, call.inputs[0]);
   spec.count = 0;
 }
 
@@ -72,7 +71,7 @@ void assign_matmul_kernel(const OpCall& call, std::span<Tensor>) {
 
 std::string VariableAttrs::describe() const {
   if (mode == AssignMode::assign) return fmt::format("variable='{}', mode=assign", state->name);
-  return fmt::format("variable='{}', mode={}, scale={}", state->name, mode_names[static_cast<size_t>(mode)], scale);
+  return fmt::format("variable='{}', mode={}, scale={}", state->name, assign_mode_name(mode), scale);
 }
 
 Op read_variable_op{"read_variable", 0, 0, kStateful | kView, &read_infer, {&read_kernel, nullptr}, nullptr,
@@ -87,7 +86,6 @@ Tensor record_variable_read(const std::shared_ptr<VariableState>& state) {
   TraceBuilder* trace = active_trace();
   const VariableAttrs attrs{state, AssignMode::assign};
   const Tensor value = [&] {
-    ActiveTraceScope eager(nullptr);
     std::lock_guard lock(state->mutex);
     return state->value;
   }();
@@ -105,7 +103,7 @@ void record_variable_update(const std::shared_ptr<VariableState>& state, AssignM
   TraceBuilder* trace = active_trace();
   {
     std::lock_guard lock(state->mutex);
-    check_variable_update(mode_names[static_cast<size_t>(mode)], *state, t);
+    check_variable_update(assign_mode_name(mode), *state, t);
   }
   const VariableAttrs attrs{state, mode, scale};
   OutputSpec spec;
@@ -114,7 +112,7 @@ void record_variable_update(const std::shared_ptr<VariableState>& state, AssignM
   const Tensor inputs[] = {t};
   const int32_t node = trace->record(assign_variable_op, inputs, &attrs, spec, {}, state.get(), /*writes=*/true);
   trace->graph().node(node).name =
-      fmt::format("{}_{}_{}", mode_names[static_cast<size_t>(mode)], state->name.empty() ? "variable" : state->name, node);
+      fmt::format("{}_{}_{}", assign_mode_name(mode), state->name.empty() ? "variable" : state->name, node);
 }
 
 }  // namespace flowlet::detail

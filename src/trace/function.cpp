@@ -325,7 +325,6 @@ const std::string& TracedCore::last_retrace_reason() const {
   return core_->last_reason;
 }
 
-const TraceOptions& TracedCore::options() const { return core_->options; }
 
 std::string TracedCore::timeline_json() const {
   std::lock_guard lock(core_->mutex);
