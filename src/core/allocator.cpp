@@ -12,16 +12,8 @@
 #include <vector>
 
 namespace flowlet::detail {
-namespace {
 
-constexpr size_t kAlignment = 64;
-constexpr size_t kMinBlock = 64;
-constexpr int kNumClasses = 4 * 48;                   // covers every size up to 2^53 bytes
-constexpr size_t kLargestThreadCached = 256 * 1024;   // larger blocks go to the shared pool
-constexpr size_t kMaxBlocksPerThreadClass = 64;
-constexpr size_t kMaxCachedBytes = size_t{2} << 30;   // shared pool cap
-
-// Size class of a request: the power of two below it split into four steps.
+// The power of two below a request, split into four steps.
 int size_class(size_t bytes) {
   if (bytes <= kMinBlock) return 0;
   const int log2 = std::bit_width(bytes - 1) - 1;  // bytes-1 in [2^log2, 2^(log2+1))
@@ -35,6 +27,13 @@ size_t class_bytes(int cls) {
   const int quarter = (cls - 1) % 4;
   return (size_t{1} << log2) + (size_t{1} << log2) / 4 * static_cast<size_t>(quarter + 1);
 }
+
+namespace {
+
+constexpr size_t kAlignment = 64;
+constexpr size_t kLargestThreadCached = 256 * 1024;   // larger blocks go to the shared pool
+constexpr size_t kMaxBlocksPerThreadClass = 64;
+constexpr size_t kMaxCachedBytes = size_t{2} << 30;   // shared pool cap
 
 void* system_allocate(size_t bytes) {
   void* p = nullptr;
@@ -110,6 +109,7 @@ ThreadCache* local_cache() {
 }  // namespace
 
 DeviceMemoryCounters cpu_memory_counters[kMaxLogicalCpuDevices];
+DeviceMemoryCounters cuda_memory_counters[kMaxCudaDevices];
 
 void* cpu_allocate(size_t bytes) {
   if (bytes > (size_t{1} << 52)) throw std::bad_alloc();  // beyond any machine; keeps classes in range

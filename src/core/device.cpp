@@ -1,9 +1,11 @@
 // Device parsing, names, the table of devices this process has (logical CPU devices) and their
 // memory statistics.
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 
 #include "core/allocator.hpp"
+#include "core/backend.hpp"
 #include "core/check.hpp"
 
 namespace flowlet {
@@ -45,7 +47,8 @@ Device::Device(std::string_view spec) {
 std::string Device::str() const { return fmt::format("{}:{}", device_kind_name(kind_), index_); }
 
 int device_count(DeviceKind kind) {
-  return kind == DeviceKind::cpu ? cpu_device_count(cpu_devices.load(std::memory_order_acquire)) : 0;
+  if (kind == DeviceKind::cpu) return cpu_device_count(cpu_devices.load(std::memory_order_acquire));
+  return std::min(detail::cuda_backend().device_count(), detail::kMaxCudaDevices);
 }
 
 void check_device_exists(std::string_view op, Device device) {
@@ -63,8 +66,8 @@ void check_device_exists(std::string_view op, Device device) {
   }
   if (device.index() < 0 || device.index() >= count) {
     if (count == 0) {
-      detail::fail<DeviceError>("{}: device {} does not exist; this process has no {} devices", op, device,
-                                device_kind_name(device.kind()));
+      detail::fail<DeviceError>("{}: device {} does not exist; this process has no {} devices ({})", op, device,
+                                device_kind_name(device.kind()), detail::cuda_backend().why_no_devices());
     }
     detail::fail<DeviceError>("{}: device {} does not exist; available: {}:0 .. {}:{}", op, device,
                               device_kind_name(device.kind()), device_kind_name(device.kind()), count - 1);
@@ -90,15 +93,20 @@ void set_logical_cpu_devices(int n) {
 
 DeviceMemoryStats memory_stats(Device device) {
   check_device_exists("memory_stats", device);
-  const detail::DeviceMemoryCounters& c = detail::cpu_memory_counters[device.index()];
+  const detail::DeviceMemoryCounters& c = detail::memory_counters(device);
   return {c.bytes_in_use.load(std::memory_order_relaxed), c.peak_bytes_in_use.load(std::memory_order_relaxed),
           c.allocations.load(std::memory_order_relaxed)};
 }
 
 void reset_peak_memory_stats(Device device) {
   check_device_exists("reset_peak_memory_stats", device);
-  detail::DeviceMemoryCounters& c = detail::cpu_memory_counters[device.index()];
+  detail::DeviceMemoryCounters& c = detail::memory_counters(device);
   c.peak_bytes_in_use.store(c.bytes_in_use.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+void synchronize(Device device) {
+  check_device_exists("synchronize", device);
+  if (device.kind() != DeviceKind::cpu) detail::cuda_backend().synchronize(device.index());
 }
 
 }  // namespace flowlet

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/allocator.hpp"
+#include "core/backend.hpp"
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
 #include "flowlet/ops/elementwise.hpp"
@@ -70,12 +71,21 @@ void* Storage::operator new(size_t) { return StoragePool::take(); }
 void Storage::operator delete(void* pointer) { StoragePool::give(pointer); }
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  if (device.kind() != DeviceKind::cpu) {
-    detail::fail<DeviceError>("storage: no allocator for device {}", device);
+  if (device.kind() != DeviceKind::cpu) [[unlikely]] {
+    data_ = allocate_on_backend(bytes, device);
+    return;
   }
   if (device.index() != 0) check_device_exists("storage", device);  // also fixes the logical device count
   data_ = detail::cpu_allocate(bytes);
   detail::count_allocation(device.index(), bytes);
+}
+
+// Off the CPU hot path: memory of another device kind comes from its backend (core/backend.hpp).
+void* Storage::allocate_on_backend(size_t bytes, Device device) {
+  check_device_exists("storage", device);
+  void* data = detail::cuda_backend().allocate(device.index(), bytes);
+  detail::count_allocation(detail::memory_counters(device), bytes);
+  return data;
 }
 
 Storage::Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> owner)
@@ -83,6 +93,11 @@ Storage::Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> 
 
 Storage::~Storage() {
   if (!owner_ && data_ != nullptr) {  // ours (symbolic tensors own none; adopted memory has an owner)
+    if (device_.kind() != DeviceKind::cpu) [[unlikely]] {
+      detail::count_release(detail::memory_counters(device_), bytes_);
+      detail::cuda_backend().deallocate(device_.index(), data_, bytes_);
+      return;
+    }
     detail::count_release(device_.index(), bytes_);
     detail::cpu_deallocate(data_, bytes_);
   }

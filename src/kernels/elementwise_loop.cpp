@@ -39,6 +39,36 @@ Strides broadcast_strides(const Tensor& t, const Shape& shape) {
   return strides;
 }
 
+template <size_t N>
+MergedLayout<N> merge_dimensions(const Tensor& out, const std::array<const Tensor*, N - 1>& inputs) {
+  MergedLayout<N> m;
+  std::array<Strides, N> raw;
+  raw[0] = out.strides();
+  for (size_t k = 1; k < N; ++k) raw[k] = broadcast_strides(*inputs[k - 1], out.shape());
+  // Drop size-1 dimensions, then merge dimension d into the one outside it when every operand
+  // steps through both as one run.
+  for (size_t d = 0; d < out.shape().size(); ++d) {
+    const int64_t extent = out.shape()[d];
+    if (extent == 1) continue;
+    if (!m.shape.empty()) {
+      bool mergeable = true;
+      for (size_t k = 0; k < N; ++k) mergeable &= m.strides[k].back() == raw[k][d] * extent;
+      if (mergeable) {
+        m.shape.back() *= extent;
+        for (size_t k = 0; k < N; ++k) m.strides[k].back() = raw[k][d];
+        continue;
+      }
+    }
+    m.shape.push_back(extent);
+    for (size_t k = 0; k < N; ++k) m.strides[k].push_back(raw[k][d]);
+  }
+  if (m.shape.empty()) {  // a single element
+    m.shape.push_back(1);
+    for (size_t k = 0; k < N; ++k) m.strides[k].push_back(0);
+  }
+  return m;
+}
+
 namespace {
 
 // Operand 0 is the output, then the inputs, with dimensions merged where possible.
@@ -50,35 +80,14 @@ struct StridedLoop {
   std::array<int64_t, N> element_size;
 
   StridedLoop(const Tensor& out, const std::array<const Tensor*, N - 1>& inputs) {
-    std::array<Strides, N> raw;
-    raw[0] = out.strides();
+    MergedLayout<N> layout = merge_dimensions<N>(out, inputs);
+    shape = std::move(layout.shape);
+    strides = std::move(layout.strides);
     base[0] = static_cast<char*>(out.raw_data());
     element_size[0] = static_cast<int64_t>(dtype_size(out.dtype()));
     for (size_t k = 1; k < N; ++k) {
-      raw[k] = broadcast_strides(*inputs[k - 1], out.shape());
       base[k] = static_cast<char*>(inputs[k - 1]->raw_data());
       element_size[k] = static_cast<int64_t>(dtype_size(inputs[k - 1]->dtype()));
-    }
-    // Drop size-1 dimensions, then merge dimension d into the one outside it when every operand
-    // steps through both as one run.
-    for (size_t d = 0; d < out.shape().size(); ++d) {
-      const int64_t extent = out.shape()[d];
-      if (extent == 1) continue;
-      if (!shape.empty()) {
-        bool mergeable = true;
-        for (size_t k = 0; k < N; ++k) mergeable &= strides[k].back() == raw[k][d] * extent;
-        if (mergeable) {
-          shape.back() *= extent;
-          for (size_t k = 0; k < N; ++k) strides[k].back() = raw[k][d];
-          continue;
-        }
-      }
-      shape.push_back(extent);
-      for (size_t k = 0; k < N; ++k) strides[k].push_back(raw[k][d]);
-    }
-    if (shape.empty()) {  // a single element
-      shape.push_back(1);
-      for (size_t k = 0; k < N; ++k) strides[k].push_back(0);
     }
   }
 
@@ -142,6 +151,9 @@ void for_each_row(const Tensor& out, const std::array<const Tensor*, N - 1>& inp
   parallel_for(n, kParallelGrain, [&](int64_t begin, int64_t end) { loop.for_rows(begin, end, row); });
 }
 
+template MergedLayout<2> merge_dimensions<2>(const Tensor&, const std::array<const Tensor*, 1>&);
+template MergedLayout<3> merge_dimensions<3>(const Tensor&, const std::array<const Tensor*, 2>&);
+template MergedLayout<4> merge_dimensions<4>(const Tensor&, const std::array<const Tensor*, 3>&);
 template void for_each_row<2>(const Tensor&, const std::array<const Tensor*, 1>&, RowFn<2>);
 template void for_each_row<3>(const Tensor&, const std::array<const Tensor*, 2>&, RowFn<3>);
 template void for_each_row<4>(const Tensor&, const std::array<const Tensor*, 3>&, RowFn<4>);

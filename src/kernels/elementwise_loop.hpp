@@ -21,6 +21,18 @@ Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b);
 // Element strides of `t` viewed at `shape` (which it broadcasts to): 0 on repeated dimensions.
 Strides broadcast_strides(const Tensor& t, const Shape& shape);
 
+// The operands of an elementwise loop, output first, broadcast to the output's shape: size-1
+// dimensions dropped, and neighbouring dimensions merged where every operand steps through both as
+// one run (so contiguous operands and scalars become one dimension). The CPU loop below and the
+// CUDA elementwise kernels walk this layout.
+template <size_t N>
+struct MergedLayout {
+  Shape::Dims shape;               // innermost last; never empty (a single element is [1])
+  std::array<Strides, N> strides;  // in elements
+};
+template <size_t N>
+MergedLayout<N> merge_dimensions(const Tensor& out, const std::array<const Tensor*, N - 1>& inputs);
+
 // A row of an elementwise loop: pointers to the first element of each operand (output first),
 // their element strides along the row, and the row length.
 template <size_t N>

@@ -6,9 +6,17 @@
 #include <cmath>
 #include <cstdint>
 
+// The same functions run in CUDA kernels (src/cuda/kernels/creation.cu), so that a seed gives the
+// same stream on every device.
+#if defined(__CUDACC__)
+#define FLOWLET_HOST_DEVICE __host__ __device__
+#else
+#define FLOWLET_HOST_DEVICE
+#endif
+
 namespace flowlet::detail {
 
-inline std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t key) {
+FLOWLET_HOST_DEVICE inline std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t key) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
   std::array<uint32_t, 4> c{static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u};
@@ -25,18 +33,18 @@ inline std::array<uint32_t, 4> philox4x32(uint64_t counter, uint64_t key) {
 }
 
 // A double in [0, 1) from 53 random bits.
-inline double unit_double(uint32_t hi, uint32_t lo) {
+FLOWLET_HOST_DEVICE inline double unit_double(uint32_t hi, uint32_t lo) {
   return static_cast<double>(((uint64_t{hi} << 32) | lo) >> 11) * 0x1.0p-53;
 }
 
 // Element i of the uniform [0, 1) stream for `seed`.
-inline double uniform_element(uint64_t seed, uint64_t i) {
+FLOWLET_HOST_DEVICE inline double uniform_element(uint64_t seed, uint64_t i) {
   const auto r = philox4x32(i, seed);
   return unit_double(r[0], r[1]);
 }
 
 // Element i of the standard normal stream for `seed` (Box-Muller on one Philox block).
-inline double normal_element(uint64_t seed, uint64_t i) {
+FLOWLET_HOST_DEVICE inline double normal_element(uint64_t seed, uint64_t i) {
   const auto r = philox4x32(i, seed);
   const double u1 = 1.0 - unit_double(r[0], r[1]);  // (0, 1]: log is finite
   const double u2 = unit_double(r[2], r[3]);

@@ -9,6 +9,7 @@
 #include "kernels/dtypes.hpp"
 #include "kernels/philox.hpp"
 #include "exec/thread_pool.hpp"
+#include "ops/attributes.hpp"
 #include "ops/registry.hpp"
 
 namespace flowlet {
@@ -37,16 +38,6 @@ void check_fits(std::string_view op, double value, DType dt) {
   if (!fits) fail<InvalidArgument>("{}: value is not representable in {}; got {}", op, dt, value);
 }
 
-struct FullAttrs {
-  Shape shape;
-  double value;
-  DType dtype;
-  Device device;
-  std::string describe() const {
-    return fmt::format("shape={}, value={}, dtype={}, device={}", shape, value, dtype, device);
-  }
-};
-
 void full_infer(const OpCall& call, OutputSpec& spec) {
   const auto& a = call.attrs<FullAttrs>();
   check_shape("full", a.shape);
@@ -59,13 +50,6 @@ void full_kernel(const OpCall& call, std::span<Tensor> out) {
   const double value = call.attrs<FullAttrs>().value;
   fill_elements<kAll>(out[0], [value](int64_t) { return value; });
 }
-
-struct ArangeAttrs {
-  int64_t n;
-  DType dtype;
-  Device device;
-  std::string describe() const { return fmt::format("n={}, dtype={}, device={}", n, dtype, device); }
-};
 
 void arange_infer(const OpCall& call, OutputSpec& spec) {
   const auto& a = call.attrs<ArangeAttrs>();
@@ -83,18 +67,6 @@ void arange_kernel(const OpCall&, std::span<Tensor> out) {
     fill_elements<kNumbers>(out[0], [](int64_t i) { return static_cast<double>(i); });
   }
 }
-
-struct RandomAttrs {
-  Shape shape;
-  double lo;
-  double hi;
-  uint64_t seed;
-  DType dtype;
-  Device device;
-  std::string describe() const {
-    return fmt::format("shape={}, lo={}, hi={}, seed={}, dtype={}, device={}", shape, lo, hi, seed, dtype, device);
-  }
-};
 
 template <const char* Name>
 void random_infer(const OpCall& call, OutputSpec& spec) {

@@ -12,6 +12,7 @@
 #include "exec/thread_pool.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "kernels/vector_math.hpp"
+#include "ops/attributes.hpp"
 #include "ops/registry.hpp"
 
 namespace flowlet {
@@ -232,11 +233,6 @@ void where_kernel(const OpCall& call, std::span<Tensor> out) {
                                 [&](bool c, T x, T y) { return select(static_cast<uint8_t>(c), x, y); });
   });
 }
-
-struct CastAttrs {
-  DType dtype;
-  std::string describe() const { return fmt::format("dtype={}", dtype); }
-};
 
 void cast_infer(const OpCall& call, OutputSpec& spec) {
   spec.outputs[0] = {call.inputs[0].shape(), call.attrs<CastAttrs>().dtype};

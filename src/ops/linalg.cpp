@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 
@@ -239,5 +240,12 @@ void add_linalg_ops(std::vector<Op*>& ops) { ops.push_back(&matmul_op); }
 }  // namespace detail
 
 Tensor matmul(const Tensor& a, const Tensor& b) { return dispatch(detail::matmul_op, {a, b}); }
+
+namespace {
+std::atomic<bool> tf32_allowed{false};  // read by the CUDA backend's matmul (src/cuda/linalg.cpp)
+}  // namespace
+
+void set_matmul_tf32(bool allowed) { tf32_allowed.store(allowed, std::memory_order_relaxed); }
+bool matmul_tf32() { return tf32_allowed.load(std::memory_order_relaxed); }
 
 }  // namespace flowlet

@@ -12,6 +12,7 @@
 #include "flowlet/ops/reduce.hpp"
 #include "flowlet/ops/shape.hpp"
 #include "kernels/elementwise_loop.hpp"
+#include "ops/attributes.hpp"
 #include "ops/registry.hpp"
 
 namespace flowlet {
@@ -28,11 +29,6 @@ std::vector<int64_t> read_indices(const Tensor& indices) {
   });
   return values;
 }
-
-struct OneHotAttrs {
-  int64_t depth;
-  std::string describe() const { return fmt::format("depth={}", depth); }
-};
 
 void one_hot_infer(const OpCall& call, OutputSpec& spec) {
   const Tensor& indices = call.inputs[0];
@@ -57,11 +53,6 @@ void one_hot_kernel(const OpCall& call, std::span<Tensor> out) {
   std::memset(data, 0, static_cast<size_t>(out[0].numel()) * sizeof(float));
   for (size_t i = 0; i < index.size(); ++i) data[static_cast<int64_t>(i) * depth + index[i]] = 1.0f;
 }
-
-struct AxisAttrs {
-  int64_t axis;
-  std::string describe() const { return fmt::format("axis={}", axis); }
-};
 
 void softmax_infer(const OpCall& call, OutputSpec& spec) {
   const Tensor& t = call.inputs[0];

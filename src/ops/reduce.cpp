@@ -14,10 +14,67 @@
 #include "flowlet/ops/shape.hpp"
 #include "autodiff/grad_helpers.hpp"
 #include "kernels/elementwise_loop.hpp"
+#include "ops/attributes.hpp"
+#include "ops/reduce_layout.hpp"
 #include "ops/registry.hpp"
 
 namespace flowlet {
 namespace detail {
+
+// The reduced axes, sorted and checked (InvalidArgument on out-of-range or repeated axes).
+std::vector<int64_t> reduced_axes(std::string_view op, const Tensor& t, const ReduceAttrs& a) {
+  std::vector<int64_t> axes;
+  if (a.all_axes) {
+    for (int64_t d = 0; d < t.rank(); ++d) axes.push_back(d);
+    return axes;
+  }
+  for (int64_t axis : a.axes) axes.push_back(normalize_axis(op, axis, t.rank()));
+  std::sort(axes.begin(), axes.end());
+  if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) {
+    fail<InvalidArgument>("{}: axes repeat; got [{}]", op, fmt::join(a.axes, ", "));
+  }
+  return axes;
+}
+
+Shape reduced_shape(const Tensor& t, const std::vector<int64_t>& axes, bool keepdims) {
+  Shape shape;
+  for (int64_t d = 0; d < t.rank(); ++d) {
+    const bool reduced = std::binary_search(axes.begin(), axes.end(), d);
+    if (!reduced) shape.push_back(t.shape()[static_cast<size_t>(d)]);
+    else if (keepdims) shape.push_back(1);
+  }
+  return shape;
+}
+
+Blocked block_input(const Tensor& t, const std::vector<int64_t>& axes) {
+  Blocked b;
+  const bool adjacent = axes.empty() || axes.back() - axes.front() + 1 == static_cast<int64_t>(axes.size());
+  if (adjacent) {
+    b.data = t.contiguous();
+    for (int64_t d = 0; d < t.rank(); ++d) {
+      const int64_t extent = t.shape()[static_cast<size_t>(d)];
+      if (!axes.empty() && d < axes.front()) b.outer *= extent;
+      else if (!axes.empty() && d <= axes.back()) b.reduced *= extent;
+      else b.inner *= extent;
+    }
+    if (axes.empty()) std::swap(b.outer, b.inner);  // nothing reduced: every element its own row
+    return b;
+  }
+  std::vector<int64_t> perm;
+  for (int64_t d = 0; d < t.rank(); ++d) {
+    if (!std::binary_search(axes.begin(), axes.end(), d)) {
+      perm.push_back(d);
+      b.outer *= t.shape()[static_cast<size_t>(d)];
+    }
+  }
+  for (int64_t d : axes) {
+    perm.push_back(d);
+    b.reduced *= t.shape()[static_cast<size_t>(d)];
+  }
+  b.data = permute(t, perm).contiguous();
+  return b;
+}
+
 namespace {
 
 template <class T>
@@ -101,75 +158,6 @@ typename P::Acc reduce_row(const T* x, int64_t n, bool parallel) {
   return total;
 }
 
-struct ReduceAttrs {
-  std::vector<int64_t> axes;
-  bool keepdims;
-  bool all_axes;  // sum(t): every axis
-  std::string describe() const {
-    return fmt::format("axes=[{}], keepdims={}, all_axes={}", fmt::join(axes, ", "), keepdims, all_axes);
-  }
-};
-
-// The reduced axes, sorted and checked (InvalidArgument on out-of-range or repeated axes).
-std::vector<int64_t> reduced_axes(std::string_view op, const Tensor& t, const ReduceAttrs& a) {
-  std::vector<int64_t> axes;
-  if (a.all_axes) {
-    for (int64_t d = 0; d < t.rank(); ++d) axes.push_back(d);
-    return axes;
-  }
-  for (int64_t axis : a.axes) axes.push_back(normalize_axis(op, axis, t.rank()));
-  std::sort(axes.begin(), axes.end());
-  if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) {
-    fail<InvalidArgument>("{}: axes repeat; got [{}]", op, fmt::join(a.axes, ", "));
-  }
-  return axes;
-}
-
-Shape reduced_shape(const Tensor& t, const std::vector<int64_t>& axes, bool keepdims) {
-  Shape shape;
-  for (int64_t d = 0; d < t.rank(); ++d) {
-    const bool reduced = std::binary_search(axes.begin(), axes.end(), d);
-    if (!reduced) shape.push_back(t.shape()[static_cast<size_t>(d)]);
-    else if (keepdims) shape.push_back(1);
-  }
-  return shape;
-}
-
-// The input as a contiguous [outer, reduced, inner] block.
-struct Blocked {
-  Tensor data;
-  int64_t outer = 1, reduced = 1, inner = 1;
-};
-
-Blocked block_input(const Tensor& t, const std::vector<int64_t>& axes) {
-  Blocked b;
-  const bool adjacent = axes.empty() || axes.back() - axes.front() + 1 == static_cast<int64_t>(axes.size());
-  if (adjacent) {
-    b.data = t.contiguous();
-    for (int64_t d = 0; d < t.rank(); ++d) {
-      const int64_t extent = t.shape()[static_cast<size_t>(d)];
-      if (!axes.empty() && d < axes.front()) b.outer *= extent;
-      else if (!axes.empty() && d <= axes.back()) b.reduced *= extent;
-      else b.inner *= extent;
-    }
-    if (axes.empty()) std::swap(b.outer, b.inner);  // nothing reduced: every element its own row
-    return b;
-  }
-  std::vector<int64_t> perm;
-  for (int64_t d = 0; d < t.rank(); ++d) {
-    if (!std::binary_search(axes.begin(), axes.end(), d)) {
-      perm.push_back(d);
-      b.outer *= t.shape()[static_cast<size_t>(d)];
-    }
-  }
-  for (int64_t d : axes) {
-    perm.push_back(d);
-    b.reduced *= t.shape()[static_cast<size_t>(d)];
-  }
-  b.data = permute(t, perm).contiguous();
-  return b;
-}
-
 // out[o, j] = reduce over r of x[o, r, j], written as dtype Out.
 template <class P, class T, class Out>
 void reduce_blocked(const Blocked& b, Out* out) {
@@ -237,11 +225,6 @@ void reduce_kernel(const OpCall& call, std::span<Tensor> out) {
     reduce_blocked<Policy<T>, T>(b, static_cast<Out*>(out[0].raw_data()));
   });
 }
-
-struct ArgmaxAttrs {
-  int64_t axis;
-  std::string describe() const { return fmt::format("axis={}", axis); }
-};
 
 void argmax_infer(const OpCall& call, OutputSpec& spec) {
   const Tensor& t = call.inputs[0];

@@ -1,6 +1,8 @@
 // The table of every op, built once from the family lists.
 #include "ops/registry.hpp"
 
+#include "core/backend.hpp"
+
 namespace flowlet {
 
 const std::vector<Op*>& all_ops() {
@@ -12,6 +14,7 @@ const std::vector<Op*>& all_ops() {
     detail::add_nn_ops(list);
     detail::add_reduce_ops(list);
     detail::add_shape_ops(list);
+    detail::add_cuda_kernels(list);  // fills kernels[cuda] (nothing in a build without CUDA)
     return list;
   }();
   return ops;

@@ -9,6 +9,7 @@
 #include "flowlet/ops/creation.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "ops/internal.hpp"
+#include "ops/attributes.hpp"
 #include "ops/registry.hpp"
 
 namespace flowlet {
@@ -109,20 +110,18 @@ void same_meta_infer(const OpCall& call, OutputSpec& spec) {
 
 void copy_kernel(const OpCall& call, std::span<Tensor> out) { copy_elements(out[0], call.inputs[0]); }
 
-struct ToDeviceAttrs {
-  Device device;
-  std::string describe() const { return fmt::format("device={}", device); }
-};
+// The CPU kernel runs copies whose destination is a CPU device. From another device kind it hands
+// over to that kind's kernel, the one that knows both memories (a GPU-to-host copy).
+void to_device_kernel(const OpCall& call, std::span<Tensor> out) {
+  const DeviceKind from = call.inputs[0].device().kind();
+  if (from != DeviceKind::cpu) return call.op.kernels[static_cast<size_t>(from)](call, out);
+  copy_kernel(call, out);
+}
 
 void to_device_infer(const OpCall& call, OutputSpec& spec) {
   same_meta_infer(call, spec);
   spec.device = call.attrs<ToDeviceAttrs>().device;
 }
-
-struct ConcatAttrs {
-  int64_t axis;
-  std::string describe() const { return fmt::format("axis={}", axis); }
-};
 
 void concat_infer(const OpCall& call, OutputSpec& spec) {
   const Tensor& first = call.inputs[0];
@@ -315,8 +314,9 @@ Op permute_op{"permute", 1, 1, kView, &permute_infer, {&permute_kernel, nullptr}
 Op slice_op{"slice", 1, 1, kView, &slice_infer, {&slice_kernel, nullptr}, &slice_grad, &copy_attributes<SliceAttrs>,
             &describe_attributes<SliceAttrs>};
 Op copy_op{"copy", 1, 1, kElementwise, &same_meta_infer, {&copy_kernel, nullptr}, &copy_grad};
-// The CPU kernel copies between CPU devices; other backends register theirs for their kind.
-Op to_device_op{"to_device", 1, 1, kPlacesOutput, &to_device_infer, {&copy_kernel, nullptr}, &to_device_grad,
+// The kernel of the destination's kind runs; the CPU one hands copies from another kind to that
+// kind's kernel, so a backend's kernel does both directions.
+Op to_device_op{"to_device", 1, 1, kPlacesOutput, &to_device_infer, {&to_device_kernel, nullptr}, &to_device_grad,
                 &copy_attributes<ToDeviceAttrs>, &describe_attributes<ToDeviceAttrs>};
 Op concat_op{"concat", 1, -1, kNoFlags, &concat_infer, {&concat_kernel, nullptr}, &concat_grad,
              &copy_attributes<ConcatAttrs>, &describe_attributes<ConcatAttrs>};

@@ -32,7 +32,8 @@ class Device {
 
 std::string_view device_kind_name(DeviceKind kind);
 
-// How many devices of a kind this process has (CPU: 1 until logical devices are configured).
+// How many devices of a kind this process has (CPU: 1 until logical devices are configured; CUDA:
+// the GPUs visible, 0 without a GPU, a driver, or a build with CUDA).
 int device_count(DeviceKind kind);
 
 // Throws DeviceError naming `op` unless `device` exists in this process.
@@ -63,5 +64,11 @@ struct DeviceMemoryStats {
 DeviceMemoryStats memory_stats(Device device);
 // Sets the peak to the bytes in use now.
 void reset_peak_memory_stats(Device device);
+
+// Waits until every op already issued on `device` has finished. Ops on a CUDA device return as soon
+// as their kernels are queued (reading a result, item() or to(cpu), waits by itself); timing code
+// calls this before reading the clock. Returns at once for CPU devices. DeviceError when the device
+// does not exist or a queued kernel failed.
+void synchronize(Device device);
 
 }  // namespace flowlet

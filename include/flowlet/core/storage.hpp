@@ -25,6 +25,8 @@ class Storage final : public RefCounted {
   Device device() const { return device_; }
 
  private:
+  static void* allocate_on_backend(size_t bytes, Device device);
+
   void* data_;
   size_t bytes_;
   Device device_;

@@ -1,0 +1,130 @@
+// Device discovery, per-device streams and cuBLAS handles, the current device, error flags.
+#include "cuda/runtime.hpp"
+
+#include <array>
+#include <mutex>
+
+#include "core/allocator.hpp"
+#include "core/check.hpp"
+#include "cuda/check.hpp"
+
+namespace flowlet::detail::cuda {
+namespace {
+
+struct Discovery {
+  int count = 0;
+  std::string why_none;
+};
+
+// cudaGetDeviceCount fails without a driver (cudaErrorInsufficientDriver) or a GPU
+// (cudaErrorNoDevice): both mean "no devices here", not an error of the program.
+const Discovery& discovery() {
+  static const Discovery found = [] {
+    Discovery d;
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      d.why_none = fmt::format("no CUDA device visible: cudaGetDeviceCount returned {}: {}", cudaGetErrorName(status),
+                               cudaGetErrorString(status));
+      return d;
+    }
+    d.count = std::min(count, kMaxCudaDevices);
+    if (count == 0) d.why_none = "no CUDA device visible: cudaGetDeviceCount found 0 GPUs";
+    return d;
+  }();
+  return found;
+}
+
+// What one device keeps for the life of the process. Never destroyed: tensors freed during static
+// destruction, and streams the driver tears down itself at exit, must not meet a dead object.
+struct DeviceState {
+  std::once_flag stream_once;
+  cudaStream_t stream = nullptr;
+  int multiprocessors = 1;
+  std::once_flag blas_once;
+  cublasHandle_t blas = nullptr;
+};
+
+DeviceState& state(int index) {
+  static auto* states = new std::array<DeviceState, kMaxCudaDevices>;
+  return (*states)[static_cast<size_t>(index)];
+}
+
+thread_local int current_device = -1;
+
+}  // namespace
+
+int device_count() noexcept { return discovery().count; }
+
+std::string why_no_devices() { return discovery().why_none; }
+
+void use_device(int index) {
+  if (current_device == index) return;
+  FLOWLET_CUDA_CHECK(index, cudaSetDevice(index));
+  current_device = index;
+}
+
+cudaStream_t stream(int index) {
+  DeviceState& s = state(index);
+  std::call_once(s.stream_once, [&] {
+    use_device(index);
+    FLOWLET_CUDA_CHECK(index, cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    FLOWLET_CUDA_CHECK(index, cudaDeviceGetAttribute(&s.multiprocessors, cudaDevAttrMultiProcessorCount, index));
+  });
+  return s.stream;
+}
+
+cublasHandle_t blas(int index) {
+  DeviceState& s = state(index);
+  const cudaStream_t compute = stream(index);
+  std::call_once(s.blas_once, [&] {
+    use_device(index);
+    FLOWLET_CUDA_CHECK(index, cublasCreate(&s.blas));
+    FLOWLET_CUDA_CHECK(index, cublasSetStream(s.blas, compute));
+  });
+  return s.blas;
+}
+
+Launch launch_on(Device device) {
+  const int index = device.index();
+  use_device(index);
+  const cudaStream_t compute = stream(index);
+  // Eight 256-thread blocks fill an SM (2048 threads); grid-stride loops cover larger work.
+  return Launch{index, compute, state(index).multiprocessors * 8};
+}
+
+void synchronize(int index) {
+  use_device(index);
+  FLOWLET_CUDA_CHECK(index, cudaStreamSynchronize(stream(index)));
+}
+
+ErrorFlag::ErrorFlag(Device device) : flag_(Tensor::empty(Shape{1}, i64, device)) {
+  const Launch on = launch_on(device);
+  FLOWLET_CUDA_CHECK(on.device, cudaMemsetAsync(flag_.raw_data(), 0xff, sizeof(uint64_t), on.stream));
+}
+
+int64_t ErrorFlag::first_bad() const {
+  const int index = flag_.device().index();
+  uint64_t value = 0;
+  use_device(index);
+  FLOWLET_CUDA_CHECK(index, cudaMemcpyAsync(&value, flag_.raw_data(), sizeof value, cudaMemcpyDeviceToHost, stream(index)));
+  FLOWLET_CUDA_CHECK(index, cudaStreamSynchronize(stream(index)));
+  return value == UINT64_MAX ? -1 : static_cast<int64_t>(value);
+}
+
+int64_t read_index(const Tensor& indices, int64_t position) {
+  const int index = indices.device().index();
+  const Tensor packed = indices.contiguous();
+  const size_t size = dtype_size(indices.dtype());
+  int64_t value = 0;
+  int32_t narrow = 0;
+  void* target = size == 8 ? static_cast<void*>(&value) : static_cast<void*>(&narrow);
+  use_device(index);
+  FLOWLET_CUDA_CHECK(index, cudaMemcpyAsync(target, static_cast<const char*>(packed.raw_data()) + position * size, size,
+                                           cudaMemcpyDeviceToHost, stream(index)));
+  FLOWLET_CUDA_CHECK(index, cudaStreamSynchronize(stream(index)));
+  return size == 8 ? value : narrow;
+}
+
+}  // namespace flowlet::detail::cuda

@@ -1,0 +1,92 @@
+// Attribute structs of the ops whose kernels live in more than one backend (src/ops for the CPU,
+// src/cuda for CUDA): each backend reads the same struct the public function fills.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "flowlet/core/device.hpp"
+#include "flowlet/core/dtype.hpp"
+#include "flowlet/core/format.hpp"
+#include "flowlet/core/shape.hpp"
+
+namespace flowlet::detail {
+
+// creation: full, arange, randn and uniform
+struct FullAttrs {
+  Shape shape;
+  double value;
+  DType dtype;
+  Device device;
+  std::string describe() const {
+    return fmt::format("shape={}, value={}, dtype={}, device={}", shape, value, dtype, device);
+  }
+};
+
+struct ArangeAttrs {
+  int64_t n;
+  DType dtype;
+  Device device;
+  std::string describe() const { return fmt::format("n={}, dtype={}, device={}", n, dtype, device); }
+};
+
+struct RandomAttrs {
+  Shape shape;
+  double lo;
+  double hi;
+  uint64_t seed;
+  DType dtype;
+  Device device;
+  std::string describe() const {
+    return fmt::format("shape={}, lo={}, hi={}, seed={}, dtype={}, device={}", shape, lo, hi, seed, dtype, device);
+  }
+};
+
+// elementwise
+struct CastAttrs {
+  DType dtype;
+  std::string describe() const { return fmt::format("dtype={}", dtype); }
+};
+
+// reductions
+struct ReduceAttrs {
+  std::vector<int64_t> axes;
+  bool keepdims;
+  bool all_axes;  // sum(t): every axis
+  std::string describe() const {
+    return fmt::format("axes=[{}], keepdims={}, all_axes={}", fmt::join(axes, ", "), keepdims, all_axes);
+  }
+};
+
+struct ArgmaxAttrs {
+  int64_t axis;
+  std::string describe() const { return fmt::format("axis={}", axis); }
+};
+
+// nn
+struct OneHotAttrs {
+  int64_t depth;
+  std::string describe() const { return fmt::format("depth={}", depth); }
+};
+
+struct AxisAttrs {
+  int64_t axis;
+  std::string describe() const { return fmt::format("axis={}", axis); }
+};
+
+// shape
+struct ToDeviceAttrs {
+  Device device;
+  std::string describe() const { return fmt::format("device={}", device); }
+};
+
+struct ConcatAttrs {
+  int64_t axis;
+  std::string describe() const { return fmt::format("axis={}", axis); }
+};
+
+}  // namespace flowlet::detail
