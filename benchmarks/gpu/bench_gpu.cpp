@@ -1,0 +1,194 @@
+// GPU benchmarks (issue 6), each figure beside a peer measured in the same run:
+//   - GEMM 4096^2 in f32, TF32 and bf16: flowlet against a direct cuBLAS call (target >= 95 %);
+//   - c = a + b on 256M f32 elements against the device-to-device copy bandwidth (target >= 85 %);
+//   - eager per-op overhead of a small op, and a chain of small ops eager and traced.
+// The PyTorch figures come from torch_peer.py in the same check (benchmarks/gpu/check.sh).
+// Throughput is timed on the host around a loop that ends in a synchronize, after a warm-up, so
+// flowlet's dispatch and allocation are included; the direct calls run on their own stream.
+// Every section catches its own errors and prints "error ...", so one failure does not hide the rest.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+#include <fmt/core.h>
+#include <flowlet/flowlet.hpp>
+
+#include "cuda/linalg.hpp"  // flowlet's internal GEMM: bf16 is not a matmul dtype yet
+
+namespace fl = flowlet;
+
+namespace {
+
+const fl::Device kGpu("cuda:0");
+const bool kQuick = std::getenv("FLOWLET_GPU_QUICK") != nullptr;
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Best of `repeats` timings of `iterations` calls of body, each ending with `wait`.
+double best_seconds_per_call(int iterations, const std::function<void()>& body, const std::function<void()>& wait,
+                             int repeats = 5) {
+  for (int i = 0; i < 2; ++i) body();  // warm-up: caches, handles, cuBLAS heuristics
+  wait();
+  double best = 1e30;
+  for (int r = 0; r < (kQuick ? 2 : repeats); ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iterations; ++i) body();
+    wait();
+    best = std::min(best, seconds_since(start) / iterations);
+  }
+  return best;
+}
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", what, cudaGetErrorString(status)));
+}
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(fmt::format("{}: {}", what, cublasGetStatusString(status)));
+}
+
+// A direct cuBLAS GEMM on device buffers of its own: the peer flowlet's matmul should match.
+struct DirectGemm {
+  int n;
+  cudaDataType_t type;
+  cublasComputeType_t compute;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t handle = nullptr;
+  void *a = nullptr, *b = nullptr, *c = nullptr;
+
+  DirectGemm(int n_, cudaDataType_t type_, size_t element, cublasComputeType_t compute_)
+      : n(n_), type(type_), compute(compute_) {
+    const size_t bytes = static_cast<size_t>(n) * n * element;
+    check(cudaSetDevice(0), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cublasCreate(&handle), "cublasCreate");
+    check(cublasSetStream(handle, stream), "cublasSetStream");
+    check(cudaMalloc(&a, bytes), "cudaMalloc");
+    check(cudaMalloc(&b, bytes), "cudaMalloc");
+    check(cudaMalloc(&c, bytes), "cudaMalloc");
+    check(cudaMemset(a, 0, bytes), "cudaMemset");  // zeros: speed does not depend on the values
+    check(cudaMemset(b, 0, bytes), "cudaMemset");
+  }
+  ~DirectGemm() {
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+    cublasDestroy(handle);
+    cudaStreamDestroy(stream);
+  }
+  void run() {
+    const float one = 1.0f, zero = 0.0f;
+    check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, type, n, a, type, n, &zero, c, type, n,
+                       compute, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  }
+  void wait() { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
+};
+
+void gemm_section(const char* label, fl::DType dtype, cudaDataType_t type, size_t element, cublasComputeType_t compute,
+                  bool tf32) {
+  const int n = 4096;
+  const double flops = 2.0 * n * static_cast<double>(n) * n;
+  const int iterations = kQuick ? 5 : 20;
+  try {
+    const fl::Tensor a = fl::randn({n, n}, 1, dtype, kGpu);
+    const fl::Tensor b = fl::randn({n, n}, 2, dtype, kGpu);
+    fl::set_matmul_tf32(tf32);
+    double ours = 0;
+    if (dtype == fl::f32) {
+      ours = best_seconds_per_call(iterations, [&] { (void)fl::matmul(a, b); }, [] { fl::synchronize(kGpu); });
+    } else {
+      fl::Tensor c = fl::Tensor::empty({n, n}, dtype, kGpu);
+      ours = best_seconds_per_call(iterations, [&] { fl::detail::cuda::gemm(a, b, c, false); },
+                                   [] { fl::synchronize(kGpu); });
+    }
+    fl::set_matmul_tf32(false);
+    DirectGemm direct(n, type, element, compute);
+    const double peer = best_seconds_per_call(iterations, [&] { direct.run(); }, [&] { direct.wait(); });
+    fmt::print("gemm {} {}^3: flowlet {:.1f} TFLOPS, cuBLAS {:.1f} TFLOPS, ratio {:.3f} (target >= 0.95)\n", label, n,
+               flops / ours / 1e12, flops / peer / 1e12, peer / ours);
+  } catch (const std::exception& e) {
+    fl::set_matmul_tf32(false);
+    fmt::print("error gemm {}: {}\n", label, e.what());
+  }
+}
+
+void add_section() {
+  const int64_t n = kQuick ? (int64_t{1} << 26) : (int64_t{256} << 20);
+  const double bytes = static_cast<double>(n) * 4;
+  const int iterations = kQuick ? 3 : 10;
+  try {
+    const fl::Tensor a = fl::full({n}, 1.0, fl::f32, kGpu);
+    const fl::Tensor b = fl::full({n}, 2.0, fl::f32, kGpu);
+    const double add = best_seconds_per_call(iterations, [&] { (void)(a + b); }, [] { fl::synchronize(kGpu); });
+    void* src = nullptr;
+    void* dst = nullptr;
+    cudaStream_t stream = nullptr;
+    check(cudaSetDevice(0), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaMalloc(&src, static_cast<size_t>(bytes)), "cudaMalloc");
+    check(cudaMalloc(&dst, static_cast<size_t>(bytes)), "cudaMalloc");
+    check(cudaMemset(src, 0, static_cast<size_t>(bytes)), "cudaMemset");
+    const double copy = best_seconds_per_call(
+        iterations,
+        [&] { check(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream), "copy"); },
+        [&] { check(cudaStreamSynchronize(stream), "sync"); });
+    cudaFree(src);
+    cudaFree(dst);
+    cudaStreamDestroy(stream);
+    const double add_bandwidth = 3 * bytes / add / 1e9;    // reads a and b, writes c
+    const double copy_bandwidth = 2 * bytes / copy / 1e9;  // reads and writes once
+    fmt::print("add f32 {}M: flowlet {:.3f} ms, {:.0f} GB/s; copy d2d {:.0f} GB/s; ratio {:.3f} (target >= 0.85)\n",
+               n >> 20, add * 1e3, add_bandwidth, copy_bandwidth, add_bandwidth / copy_bandwidth);
+  } catch (const std::exception& e) {
+    fmt::print("error add: {}\n", e.what());
+  }
+}
+
+// A chain of small elementwise ops, the kind that dominates a small model's step.
+fl::Tensor chain(fl::Tensor x, const fl::Tensor& y) {
+  for (int i = 0; i < 5; ++i) x = fl::relu(x * y + y);
+  return x;  // 15 ops
+}
+
+void overhead_section() {
+  const int iterations = kQuick ? 2000 : 20000;
+  try {
+    const fl::Tensor a = fl::ones({256}, fl::f32, kGpu);
+    const fl::Tensor b = fl::ones({256}, fl::f32, kGpu);
+    const double one = best_seconds_per_call(iterations, [&] { (void)(a + b); }, [] { fl::synchronize(kGpu); });
+    fmt::print("eager add 256 f32: {:.2f} us per op\n", one * 1e6);
+    const double eager = best_seconds_per_call(iterations / 15, [&] { (void)chain(a, b); }, [] { fl::synchronize(kGpu); });
+    fmt::print("eager chain of 15 small ops: {:.1f} us ({:.2f} us per op)\n", eager * 1e6, eager * 1e6 / 15);
+    try {
+      auto traced = fl::trace([](fl::Tensor x, fl::Tensor y) { return chain(x, y); });
+      const double graph = best_seconds_per_call(iterations / 15, [&] { (void)traced(a, b); }, [] { fl::synchronize(kGpu); });
+      fmt::print("traced chain of 15 small ops: {:.1f} us ({:.2f}x eager)\n", graph * 1e6, eager / graph);
+    } catch (const std::exception& e) {
+      fmt::print("error traced chain: {}\n", e.what());
+    }
+  } catch (const std::exception& e) {
+    fmt::print("error overhead: {}\n", e.what());
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (fl::device_count(fl::DeviceKind::cuda) == 0) {
+    fmt::print("error: no CUDA device visible\n");
+    return 1;
+  }
+  fmt::print("note: times are the best of several loops, each ending in a synchronize\n");
+  gemm_section("f32", fl::f32, CUDA_R_32F, 4, CUBLAS_COMPUTE_32F, false);
+  gemm_section("tf32", fl::f32, CUDA_R_32F, 4, CUBLAS_COMPUTE_32F_FAST_TF32, true);
+  gemm_section("bf16", fl::bf16, CUDA_R_16BF, 2, CUBLAS_COMPUTE_32F, false);
+  add_section();
+  overhead_section();
+  return 0;
+}

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# The GPU check, run on the machine with the GPU (the device tool), in one go and within 8 minutes:
+#   1. unpack the carried Debian packages (benchmarks/gpu/fetch_debs.sh, run beforehand on the
+#      development machine) into a folder of their own, never into /;
+#   2. configure and build flowlet with -Dcuda=enabled against that folder (test_cuda, bench_gpu);
+#   3. run test_cuda, the GPU benchmark and the PyTorch peer;
+#   4. write a short report, REPORT.md, and every log under $OUT.
+# Each step logs and carries on after a failure, so one run says as much as it can.
+#
+# Usage (device tool): carry build/gpu-debs, then
+#   bash benchmarks/gpu/check.sh
+# Locally, OUT defaults to build/gpu-out. FLOWLET_GPU_QUICK=1 shortens the benchmarks;
+# FLOWLET_GPU_CONFIGURE_ONLY=1 stops after configuring (to try the script on a machine without a GPU).
+set -uo pipefail
+set -x
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$root/build/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/check.log") 2>&1
+started=$(date +%s)
+elapsed() { echo $(( $(date +%s) - started )); }
+report="$OUT/REPORT.md"
+: > "$report"
+note() { echo "$*" >> "$report"; }
+# Runs "$@" with a time limit, its output in $OUT/<name>.log; notes the status in the report.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local status=$?
+  note "- $name: exit $status after $(( $(date +%s) - t0 )) s (log: $name.log)"
+  return $status
+}
+
+note "# flowlet GPU check"
+note ""
+note "started $(date -u +%FT%TZ) on $(hostname)"
+export PATH=/usr/local/cuda/bin:$PATH
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+{
+  echo "nvcc: $(nvcc --version 2>&1 | tail -n 2 | head -n 1)"
+  echo "c++: $(c++ --version 2>&1 | head -n 1)"
+  echo "meson: $(meson --version 2>&1)"
+  echo "ninja: $(ninja --version 2>&1)"
+  echo "python: $(python3 --version 2>&1)"
+  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 1)"
+  echo "cores: $(nproc)"
+} > "$OUT/machine.txt"
+note '```'
+cat "$OUT/machine.txt" >> "$report"
+note '```'
+note ""
+note "## steps"
+
+# 1. The Debian packages, unpacked into a sysroot of their own.
+debs=$root/build/gpu-debs
+sysroot=$root/build/gpu-sysroot
+rm -rf "$sysroot"
+mkdir -p "$sysroot"
+unpack_deb() {  # dpkg -x, or (no dpkg) ar + tar, or (neither) Python
+  if command -v dpkg > /dev/null; then
+    dpkg -x "$1" "$sysroot"
+  else
+    python3 - "$1" "$sysroot" <<'PY'
+import io, sys, tarfile
+deb, dest = sys.argv[1], sys.argv[2]
+data = open(deb, "rb").read()
+assert data[:8] == b"!<arch>\n", deb
+pos = 8
+while pos < len(data):
+    name = data[pos:pos + 16].decode().strip().rstrip("/")
+    size = int(data[pos + 48:pos + 58].decode().strip())
+    body = data[pos + 60:pos + 60 + size]
+    if name.startswith("data.tar"):
+        tarfile.open(fileobj=io.BytesIO(body)).extractall(dest)
+    pos += 60 + size + (size % 2)
+PY
+  fi
+}
+unpacked=0
+for deb in "$debs"/*.deb; do
+  [[ -e $deb ]] || break
+  unpack_deb "$deb" && unpacked=$((unpacked + 1))
+done
+note "- unpacked $unpacked .deb files from build/gpu-debs into build/gpu-sysroot"
+if (( unpacked == 0 )); then
+  note "  no .deb files: run benchmarks/gpu/fetch_debs.sh on the development machine and carry build/gpu-debs"
+fi
+
+multiarch=$sysroot/usr/lib/x86_64-linux-gnu
+# pkg-config reads the packages' .pc files (their paths start at /usr: the sysroot prefixes them).
+export PKG_CONFIG_SYSROOT_DIR=$sysroot
+export PKG_CONFIG_LIBDIR=$multiarch/pkgconfig:$multiarch/openblas-pthread/pkgconfig:$sysroot/usr/share/pkgconfig:$sysroot/usr/lib/pkgconfig
+if ! command -v pkg-config > /dev/null; then
+  export PKG_CONFIG=$sysroot/usr/bin/pkgconf
+  export LD_LIBRARY_PATH=$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  note "- no pkg-config on this machine: using the carried pkgconf"
+fi
+# Run time: fmt, OpenBLAS (its alternatives symlinks are not set up by dpkg -x), gfortran.
+export LD_LIBRARY_PATH=$multiarch:$multiarch/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# doctest ships no .pc file; the build then looks for its header on the include path.
+export CPATH=$sysroot/usr/include${CPATH:+:$CPATH}
+export LIBRARY_PATH=$multiarch:$multiarch/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}
+${PKG_CONFIG:-pkg-config} --cflags --libs fmt openblas xtensor zlib > "$OUT/pkg-config.txt" 2>&1 || true
+
+# 2. Configure and build (only what the check runs).
+build=$root/build/gpu
+rm -rf "$build"
+if step configure 120 meson setup "$build" "$root" -Dcuda=enabled -Dbenchmarks=enabled -Dnative=true \
+    --buildtype=release; then
+  if [[ -n ${FLOWLET_GPU_CONFIGURE_ONLY:-} ]]; then
+    note "- stopped after configuring (FLOWLET_GPU_CONFIGURE_ONLY)"
+    cat "$report"
+    exit 0
+  fi
+  jobs=$(nproc)
+  step build 300 ninja -C "$build" -j "$jobs" tests/test_cuda benchmarks/gpu/bench_gpu
+  built=$?
+else
+  built=1
+  tail -n 40 "$OUT/configure.log" >> "$report"
+fi
+if (( built != 0 )) && [[ -f $OUT/build.log ]]; then
+  note '```'
+  grep -E "error|Error" "$OUT/build.log" | head -n 20 >> "$report"
+  note '```'
+fi
+
+# 3. Tests, the benchmark, the PyTorch peer.
+if [[ -x $build/tests/test_cuda ]]; then
+  step test_cuda 180 "$build/tests/test_cuda" --duration=true
+  note '```'
+  grep -E "test cases:|assertions:|ERROR|FATAL|CHECK" "$OUT/test_cuda.log" | head -n 30 >> "$report"
+  note '```'
+fi
+if [[ -x $build/benchmarks/gpu/bench_gpu ]]; then
+  step bench_gpu 150 "$build/benchmarks/gpu/bench_gpu"
+  note '```'
+  grep -E "^(gemm|add|copy|eager|traced|note|error)" "$OUT/bench_gpu.log" >> "$report"
+  note '```'
+fi
+if python3 -c "import torch" > /dev/null 2>&1; then
+  step torch_peer 150 python3 "$root/benchmarks/gpu/torch_peer.py"
+  note '```'
+  grep -E "^(torch|note|error)" "$OUT/torch_peer.log" >> "$report"
+  note '```'
+else
+  note "- torch_peer: no PyTorch on this machine"
+fi
+
+note ""
+note "total $(elapsed) s"
+cat "$report"
+exit 0
