@@ -31,10 +31,7 @@ void cross_entropy_kernel(const OpCall& call, std::span<Tensor> out) {
   const ErrorFlag bad_label(logits.device());
   launch_cross_entropy(logits.raw_data(), labels.raw_data(), element_type(labels.dtype()), out[0].raw_data(),
                        element_type(logits.dtype()), rows, classes, bad_label.data(), launch_on(logits.device()));
-  if (const int64_t at = bad_label.first_bad(); at >= 0) {
-    fail<OutOfRange>("softmax_cross_entropy: label out of range [0, {}); got label {} at position {}", classes,
-                     read_index(labels, at), at);
-  }
+  bad_label.throw_if_out_of_range("softmax_cross_entropy", "label", classes, labels);
 }
 
 void one_hot_kernel(const OpCall& call, std::span<Tensor> out) {
@@ -45,10 +42,7 @@ void one_hot_kernel(const OpCall& call, std::span<Tensor> out) {
   const ErrorFlag bad_index(indices.device());
   launch_one_hot(indices.raw_data(), element_type(indices.dtype()), static_cast<float*>(out[0].raw_data()),
                  indices.numel(), depth, bad_index.data(), launch_on(indices.device()));
-  if (const int64_t at = bad_index.first_bad(); at >= 0) {
-    fail<OutOfRange>("one_hot: index out of range [0, {}); got index {} at position {}", depth,
-                     read_index(indices, at), at);
-  }
+  bad_index.throw_if_out_of_range("one_hot", "index", depth, indices);
 }
 
 }  // namespace

@@ -113,6 +113,9 @@ int64_t ErrorFlag::first_bad() const {
   return value == UINT64_MAX ? -1 : static_cast<int64_t>(value);
 }
 
+namespace {
+
+// Element `position` of a CUDA tensor of indices (i32 or i64), read back for an error message.
 int64_t read_index(const Tensor& indices, int64_t position) {
   const int index = indices.device().index();
   const Tensor packed = indices.contiguous();
@@ -125,6 +128,16 @@ int64_t read_index(const Tensor& indices, int64_t position) {
                                            cudaMemcpyDeviceToHost, stream(index)));
   FLOWLET_CUDA_CHECK(index, cudaStreamSynchronize(stream(index)));
   return size == 8 ? value : narrow;
+}
+
+}  // namespace
+
+void ErrorFlag::throw_if_out_of_range(std::string_view op, std::string_view what, int64_t bound,
+                                      const Tensor& indices) const {
+  const int64_t at = first_bad();
+  if (at < 0) return;
+  fail<OutOfRange>("{}: {} out of range [0, {}); got {} {} at position {}", op, what, bound, what,
+                   read_index(indices, at), at);
 }
 
 }  // namespace flowlet::detail::cuda

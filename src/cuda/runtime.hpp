@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "cuda/kernels/launch.hpp"
 #include "flowlet/core/tensor.hpp"
@@ -43,13 +44,14 @@ class ErrorFlag {
   explicit ErrorFlag(Device device);
   uint64_t* data() const { return static_cast<uint64_t*>(flag_.raw_data()); }
   int64_t first_bad() const;
+  // Waits, then throws OutOfRange worded as the CPU kernels word it when a position was marked:
+  // "<op>: <what> out of range [0, <bound>); got <what> <value> at position <i>", the value read
+  // from `indices` (i32 or i64, on the device).
+  void throw_if_out_of_range(std::string_view op, std::string_view what, int64_t bound, const Tensor& indices) const;
 
  private:
   Tensor flag_;
 };
-
-// Element `position` of a CUDA tensor of indices (i32 or i64), read back for an error message.
-int64_t read_index(const Tensor& indices, int64_t position);
 
 // flowlet's dtype as the kernels name it.
 inline ElementType element_type(DType dtype) { return static_cast<ElementType>(static_cast<int>(dtype)); }

@@ -35,10 +35,7 @@ void gather_kernel(const OpCall& call, std::span<Tensor> out) {
   launch_gather(params.raw_data(), indices.raw_data(), element_type(indices.dtype()), out[0].raw_data(),
                 indices.numel(), rows, row, static_cast<int>(dtype_size(params.dtype())), bad_index.data(),
                 launch_on(params.device()));
-  if (const int64_t at = bad_index.first_bad(); at >= 0) {
-    fail<OutOfRange>("gather: index out of range [0, {}); got index {} at position {}", rows,
-                     read_index(indices, at), at);
-  }
+  bad_index.throw_if_out_of_range("gather", "index", rows, indices);
 }
 
 void scatter_add_kernel(const OpCall& call, std::span<Tensor> out) {
@@ -54,10 +51,7 @@ void scatter_add_kernel(const OpCall& call, std::span<Tensor> out) {
   const ErrorFlag bad_index(out[0].device());
   launch_scatter_add(indices.raw_data(), element_type(indices.dtype()), updates.raw_data(), out[0].raw_data(),
                      element_type(updates.dtype()), indices.numel(), rows, row, bad_index.data(), on);
-  if (const int64_t at = bad_index.first_bad(); at >= 0) {
-    fail<OutOfRange>("scatter_add: index out of range [0, {}); got index {} at position {}", rows,
-                     read_index(indices, at), at);
-  }
+  bad_index.throw_if_out_of_range("scatter_add", "index", rows, indices);
 }
 
 }  // namespace

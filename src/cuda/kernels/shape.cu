@@ -12,21 +12,28 @@ __device__ void record_bad(uint64_t* error, int64_t position) {
   atomicMin(reinterpret_cast<unsigned long long*>(error), static_cast<unsigned long long>(position));
 }
 
-template <class U, class Index>
-__global__ void __launch_bounds__(kBlock) gather_rows(const U* params, const Index* indices, U* out, int64_t count,
-                                                      int64_t rows, int64_t row, uint64_t* error) {
+// Calls f(e, source_row) for every element e of a [count, row] block whose row i has
+// indices[i] in [0, rows), and f(e, -1) for the others, whose first position goes to `error`.
+template <class Index, class F>
+__device__ void for_each_indexed_element(const Index* indices, int64_t count, int64_t rows, int64_t row,
+                                         uint64_t* error, F f) {
   const int64_t total = count * row;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * kBlock) {
-    const int64_t i = e / row, j = e % row;
+    const int64_t i = e / row;
     const int64_t index = static_cast<int64_t>(indices[i]);
-    if (index < 0 || index >= rows) {
-      if (j == 0) record_bad(error, i);
-      out[e] = U{0};
-    } else {
-      out[e] = params[index * row + j];
-    }
+    const bool bad = index < 0 || index >= rows;
+    if (bad && e % row == 0) record_bad(error, i);
+    f(e, bad ? -1 : index);
   }
+}
+
+template <class U, class Index>
+__global__ void __launch_bounds__(kBlock) gather_rows(const U* params, const Index* indices, U* out, int64_t count,
+                                                      int64_t rows, int64_t row, uint64_t* error) {
+  for_each_indexed_element(indices, count, rows, row, error, [&](int64_t e, int64_t index) {
+    out[e] = index < 0 ? U{0} : params[index * row + e % row];
+  });
 }
 
 // atomicAdd for every scatter_add type; u8 through a compare-and-swap on its 32-bit word.
@@ -51,17 +58,9 @@ __device__ void add_to(uint8_t* p, uint8_t v) {
 template <class T, class Index>
 __global__ void __launch_bounds__(kBlock) scatter_add_rows(const Index* indices, const T* updates, T* out,
                                                            int64_t count, int64_t rows, int64_t row, uint64_t* error) {
-  const int64_t total = count * row;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * kBlock) {
-    const int64_t i = e / row, j = e % row;
-    const int64_t index = static_cast<int64_t>(indices[i]);
-    if (index < 0 || index >= rows) {
-      if (j == 0) record_bad(error, i);
-    } else {
-      add_to(out + index * row + j, updates[e]);
-    }
-  }
+  for_each_indexed_element(indices, count, rows, row, error, [&](int64_t e, int64_t index) {
+    if (index >= 0) add_to(out + index * row + e % row, updates[e]);
+  });
 }
 
 }  // namespace
