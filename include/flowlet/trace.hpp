@@ -58,6 +58,14 @@ struct TraceOptions {
   bool collect_step_stats = false;  // record each node's start, end and thread on every call
 };
 
+// What the last call moved between devices: its graph is cut into one partition per device, and
+// every edge between two partitions is a Send/Recv pair (zero-copy between logical CPU devices,
+// which share memory; `bytes` counts the tensors' sizes all the same).
+struct TransferStats {
+  int64_t transfers = 0;  // Send/Recv pairs that ran, control-only pairs included
+  int64_t bytes = 0;      // bytes of the tensors they carried
+};
+
 // Ops inside run eagerly even while fn is being traced: one-time set-up such as creating variables.
 class EagerScope {
  public:
@@ -115,6 +123,7 @@ class TracedCore {
   int64_t trace_count() const;
   const std::string& last_retrace_reason() const;
   std::string timeline_json() const;  // Chrome trace-event JSON of the last call (collect_step_stats)
+  TransferStats last_transfer_stats() const;
 
   struct Builder {
     std::shared_ptr<void> state;  // the TraceBuilder and the active-trace scope
@@ -248,6 +257,8 @@ class TracedFunction {
   const std::string& last_retrace_reason() const { return core_->last_retrace_reason(); }
   // The last call's step statistics as Chrome/Perfetto trace-event JSON (needs collect_step_stats).
   std::string timeline_json() const { return core_->timeline_json(); }
+  // Tensors the last call moved between its device partitions (all zero on one device).
+  TransferStats last_transfer_stats() const { return core_->last_transfer_stats(); }
 
  private:
   template <class R, class... Args>

@@ -9,7 +9,7 @@
 
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
-#include "exec/executor.hpp"
+#include "exec/executable.hpp"
 #include "flowlet/trace.hpp"
 #include "trace/json_text.hpp"
 #include "trace/passes/passes.hpp"
@@ -110,7 +110,7 @@ std::optional<std::string> first_structural_difference(const Graph& a, const Gra
 struct Entry {
   std::vector<ArgSignature> signature;  // unknown dimensions hold -1
   std::shared_ptr<const Graph> graph;
-  std::unique_ptr<Plan> plan;
+  std::unique_ptr<Executable> executable;
 };
 
 // What begin_trace hands to the caller: the recording, active until finish_trace.
@@ -134,6 +134,7 @@ class FunctionCore {
   bool warned = false;
   bool warned_polymorphic = false;
   StepStats last_stats;
+  TransferStats last_transfers;
 
   // The unknown dimensions as (argument, dimension >= 0), checked against `signature`.
   std::vector<std::pair<size_t, size_t>> unknown_dims(const std::vector<ArgSignature>& signature) const {
@@ -258,7 +259,7 @@ int TracedCore::finish_trace(const std::vector<ArgSignature>& signature, Builder
     optimize(*graph, passes);
   }
   entry->graph = graph;
-  entry->plan = std::make_unique<Plan>(graph, dynamic);
+  entry->executable = std::make_unique<Executable>(graph, dynamic);
 
   std::lock_guard lock(core_->mutex);
   // Why this trace: the differences from the closest signature already cached.
@@ -301,12 +302,23 @@ std::vector<Tensor> TracedCore::run(int entry, std::span<const Tensor> tensor_ar
     std::lock_guard lock(core_->mutex);
     e = core_->entries.at(static_cast<size_t>(entry));
   }
-  if (!core_->options.collect_step_stats) return e->plan->run(tensor_args);
+  if (e->executable->num_partitions() == 1 && !core_->options.collect_step_stats) {
+    std::vector<Tensor> outputs = e->executable->run(tensor_args);
+    if (core_->last_transfers.transfers != 0) {
+      std::lock_guard lock(core_->mutex);
+      core_->last_transfers = TransferStats{};
+    }
+    return outputs;
+  }
   StepStats stats;
-  std::vector<Tensor> outputs = e->plan->run(tensor_args, &stats);
+  stats.record_nodes = core_->options.collect_step_stats;
+  std::vector<Tensor> outputs = e->executable->run(tensor_args, &stats);
   std::lock_guard lock(core_->mutex);
-  core_->last_stats = std::move(stats);
-  core_->last_used = entry;
+  core_->last_transfers = TransferStats{stats.transfers, stats.bytes_transferred};
+  if (core_->options.collect_step_stats) {
+    core_->last_stats = std::move(stats);
+    core_->last_used = entry;
+  }
   return outputs;
 }
 
@@ -326,20 +338,36 @@ const std::string& TracedCore::last_retrace_reason() const {
 }
 
 
+TransferStats TracedCore::last_transfer_stats() const {
+  std::lock_guard lock(core_->mutex);
+  return core_->last_transfers;
+}
+
 std::string TracedCore::timeline_json() const {
   std::lock_guard lock(core_->mutex);
   if (core_->last_used < 0) return "{\"traceEvents\":[]}";
   const Graph& graph = *core_->entries[static_cast<size_t>(core_->last_used)]->graph;
-  std::string json = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[";
-  bool first = true;
+  // One timeline process per device (named by a metadata event), one row per thread.
+  std::vector<std::string> events;
+  std::vector<Device> devices;
+  auto process_of = [&](Device d) {
+    const auto found = std::find(devices.begin(), devices.end(), d);
+    if (found != devices.end()) return static_cast<int>(found - devices.begin()) + 1;
+    devices.push_back(d);
+    events.push_back(fmt::format("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"{}\"}}}}",
+                                 devices.size(), d));
+    return static_cast<int>(devices.size());
+  };
   for (const StepStats::NodeRun& run : core_->last_stats.nodes) {
     const Node& node = graph.node(run.node);
-    json += fmt::format("{}{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":1,\"tid\":{}}}",
-                        first ? "" : ",", json_escape(node.name), node.op ? node.op->name : "", static_cast<double>(run.start_ns) / 1e3,
-                        static_cast<double>(run.end_ns - run.start_ns) / 1e3, run.thread);
-    first = false;
+    const int pid = process_of(node.device);
+    events.push_back(fmt::format(
+        "{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":{},\"tid\":{}}}",
+        json_escape(node.name), node.op ? node.op->name : "", static_cast<double>(run.start_ns) / 1e3,
+        static_cast<double>(run.end_ns - run.start_ns) / 1e3, pid, run.thread));
   }
-  return json + fmt::format("],\"wall_ns\":{}}}", core_->last_stats.wall_ns);
+  return fmt::format("{{\"displayTimeUnit\":\"ns\",\"traceEvents\":[{}],\"wall_ns\":{}}}", fmt::join(events, ","),
+                     core_->last_stats.wall_ns);
 }
 
 }  // namespace detail
