@@ -205,7 +205,7 @@ Plan::Plan(std::shared_ptr<const Graph> graph, bool dynamic_shapes, std::vector<
   }
   // Overlap pays only when two big nodes are independent (neither waits for the other); a chain of
   // big nodes runs faster sequentially, each split over every thread.
-  concurrent_ = forced_mode() == 2 || (forced_mode() == 0 && intra_op_threads() > 1 && has_independent_expensive_items());
+  concurrent_ = forced_mode() == 2 || (forced_mode() == 0 && thread_budget() > 1 && has_independent_expensive_items());
   dataflow_ = concurrent_ || has_async_ || in_group;
 }
 
