@@ -299,3 +299,26 @@ TEST_CASE("send and recv outside a graph step are refused with a clear error") {
   test::check_throws<fl::InvalidArgument>([&] { fl::detail::send_op.kernels[0](call, {}); },
                                           {"send", "partitioned graph step"});
 }
+
+TEST_CASE("a traced function called under another DeviceScope traces again, and says why") {
+  ensure_devices();
+  auto f = fl::trace([](fl::Tensor x) { return fl::exp(x); });
+  const fl::Tensor x = fl::ones({4});
+  {
+    fl::DeviceScope scope(fl::Device("cpu:1"));
+    f(x);
+  }
+  CHECK(f.trace_count() == 1);
+  {
+    fl::DeviceScope scope(fl::Device("cpu:2"));
+    const fl::Tensor y = f(x);
+    CHECK(y.device() == fl::Device("cpu:2"));
+    CHECK(test::values(y) == test::values(fl::exp(x)));
+  }
+  CHECK(f.trace_count() == 2);
+  CHECK(f.last_retrace_reason() == "device scope cpu:1 -> cpu:2");
+  f(x);  // no scope: a third graph, on cpu:0
+  CHECK(f.trace_count() == 3);
+  CHECK(f(x).device() == fl::Device("cpu:0"));
+  CHECK(f.trace_count() == 3);
+}

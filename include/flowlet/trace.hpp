@@ -12,8 +12,8 @@
 //   Tensor loss = step(x, y);   // first call with this signature traces; later calls run the graph
 //
 // What to know:
-//   - The signature of a call is the dtype, shape and device of each tensor argument and the value
-//     of every other argument. A new signature traces fn again (trace_count() counts them; a
+//   - The signature of a call is the dtype, shape and device of each tensor argument, the value
+//     of every other argument, and the DeviceScope (or ColocateWith) active at the call. A new signature traces fn again (trace_count() counts them; a
 //     warning names the difference when one function keeps retracing). TraceOptions::unknown_dims
 //     lets one graph serve every size of a dimension, e.g. the batch.
 //   - fn's own C++ code runs only while it is traced: a std::cout in fn prints once. Use
@@ -91,7 +91,12 @@ struct ArgSignature {
   Shape shape;
   Device device;
   std::string value;  // non-tensor arguments: their value, formatted
+  bool is_scope = false;  // the last entry: the DeviceScope / ColocateWith active at the call
 };
+
+// Appends the caller's active device scope to a signature: nodes record it as their requested
+// device, so a call under another scope needs its own graph.
+void describe_device_scope(std::vector<ArgSignature>& signature);
 
 class FunctionCore;
 
@@ -229,6 +234,7 @@ class TracedFunction {
     std::vector<detail::ArgSignature> signature;
     std::vector<Tensor> tensors;
     (detail::describe_argument(args, signature, tensors), ...);
+    detail::describe_device_scope(signature);
     int entry = core_->find(signature);
     if (entry < 0) entry = trace_now<R>(signature, tensors, args...);
     if constexpr (std::is_void_v<R>) {
@@ -246,6 +252,7 @@ class TracedFunction {
     std::vector<detail::ArgSignature> signature;
     std::vector<Tensor> tensors;
     (detail::describe_argument(args, signature, tensors), ...);
+    detail::describe_device_scope(signature);
     int entry = core_->find(signature);
     if (entry < 0) entry = trace_now<R>(signature, tensors, args...);
     return core_->graph(entry);

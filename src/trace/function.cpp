@@ -50,7 +50,9 @@ std::vector<std::string> differences(const std::vector<ArgSignature>& before, co
   for (size_t i = 0; i < now.size(); ++i) {
     const ArgSignature& a = before[i];
     const ArgSignature& b = now[i];
-    if (a.is_tensor != b.is_tensor || a.tensor_count != b.tensor_count) {
+    if (a.is_scope || b.is_scope) {
+      if (a.value != b.value) found.push_back(fmt::format("device scope {} -> {}", a.value, b.value));
+    } else if (a.is_tensor != b.is_tensor || a.tensor_count != b.tensor_count) {
       found.push_back(fmt::format("argument {}: {} -> {}", i, argument_text(a), argument_text(b)));
     } else if (!a.is_tensor || !a.value.empty()) {
       if (a.value != b.value) found.push_back(fmt::format("argument {}: value {} -> {}", i, a.value, b.value));
@@ -121,6 +123,18 @@ struct Recording {
 
 }  // namespace
 
+void describe_device_scope(std::vector<ArgSignature>& signature) {
+  ArgSignature scope;
+  scope.is_scope = true;
+  if (const ScopeFrame* frame = innermost_scope) {
+    scope.value = frame->requested ? frame->requested->str() : "none";
+    if (frame->colocate_with != nullptr) scope.value += fmt::format(" (colocated with {})", frame->colocate_with);
+  } else {
+    scope.value = "none";
+  }
+  signature.push_back(std::move(scope));
+}
+
 class FunctionCore {
  public:
   explicit FunctionCore(TraceOptions o) : options(std::move(o)) {}
@@ -143,8 +157,9 @@ class FunctionCore {
       const auto arg = static_cast<size_t>(u.argument);
       if (u.argument < 0 || arg >= signature.size() || !signature[arg].is_tensor || signature[arg].tensor_count != 1 ||
           !signature[arg].value.empty()) {
+        const size_t arguments = signature.size() - (!signature.empty() && signature.back().is_scope ? 1 : 0);
         fail<InvalidArgument>("{}: unknown_dims names argument {}, which is not a Tensor argument; got {} arguments",
-                              options.name, u.argument, signature.size());
+                              options.name, u.argument, arguments);
       }
       const Shape& shape = signature[arg].shape;
       const int64_t rank = static_cast<int64_t>(shape.size());
