@@ -322,3 +322,17 @@ TEST_CASE("a traced function called under another DeviceScope traces again, and 
   CHECK(f(x).device() == fl::Device("cpu:0"));
   CHECK(f.trace_count() == 3);
 }
+
+TEST_CASE("the DOT text of a multi-device graph draws one box per device and the rendezvous edges") {
+  ensure_devices();
+  auto f = fl::trace([](fl::Tensor x) {
+    fl::DeviceScope scope(fl::Device("cpu:1"));
+    return fl::exp(x);
+  });
+  const std::string dot = f.graph(fl::ones({3})).to_dot();
+  CHECK(dot.find("subgraph \"cluster_cpu:0\"") != std::string::npos);
+  CHECK(dot.find("subgraph \"cluster_cpu:1\"") != std::string::npos);
+  CHECK(dot.find("label=\"rendezvous\"") != std::string::npos);
+  auto g = fl::trace([](fl::Tensor x) { return fl::exp(x); });
+  CHECK(g.graph(fl::ones({3})).to_dot().find("cluster") == std::string::npos);  // one device: no boxes
+}
