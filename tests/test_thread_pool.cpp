@@ -24,6 +24,7 @@
 using flowlet::detail::intra_op_threads;
 using flowlet::detail::parallel_for;
 using flowlet::detail::schedule;
+using flowlet::detail::thread_budget;
 
 namespace {
 
