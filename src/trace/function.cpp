@@ -1,6 +1,7 @@
 // The type-independent half of trace(): the signature cache, tracing and compiling a new
 // signature, retrace diagnostics, and running the cached plan.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <cstdio>
 #include <deque>
@@ -148,7 +149,9 @@ class FunctionCore {
   bool warned = false;
   bool warned_polymorphic = false;
   StepStats last_stats;
-  TransferStats last_transfers;
+  // The last call's transfers; atomics, so single-device calls reset them without the mutex.
+  std::atomic<int64_t> last_transfers{0};
+  std::atomic<int64_t> last_transfer_bytes{0};
 
   // The unknown dimensions as (argument, dimension >= 0), checked against `signature`.
   std::vector<std::pair<size_t, size_t>> unknown_dims(const std::vector<ArgSignature>& signature) const {
@@ -319,17 +322,18 @@ std::vector<Tensor> TracedCore::run(int entry, std::span<const Tensor> tensor_ar
   }
   if (e->executable->num_partitions() == 1 && !core_->options.collect_step_stats) {
     std::vector<Tensor> outputs = e->executable->run(tensor_args);
-    if (core_->last_transfers.transfers != 0) {
-      std::lock_guard lock(core_->mutex);
-      core_->last_transfers = TransferStats{};
+    if (core_->last_transfers.load(std::memory_order_relaxed) != 0) {
+      core_->last_transfers.store(0, std::memory_order_relaxed);
+      core_->last_transfer_bytes.store(0, std::memory_order_relaxed);
     }
     return outputs;
   }
   StepStats stats;
   stats.record_nodes = core_->options.collect_step_stats;
   std::vector<Tensor> outputs = e->executable->run(tensor_args, &stats);
+  core_->last_transfers.store(stats.transfers, std::memory_order_relaxed);
+  core_->last_transfer_bytes.store(stats.bytes_transferred, std::memory_order_relaxed);
   std::lock_guard lock(core_->mutex);
-  core_->last_transfers = TransferStats{stats.transfers, stats.bytes_transferred};
   if (core_->options.collect_step_stats) {
     core_->last_stats = std::move(stats);
     core_->last_used = entry;
@@ -354,8 +358,8 @@ const std::string& TracedCore::last_retrace_reason() const {
 
 
 TransferStats TracedCore::last_transfer_stats() const {
-  std::lock_guard lock(core_->mutex);
-  return core_->last_transfers;
+  return TransferStats{core_->last_transfers.load(std::memory_order_relaxed),
+                       core_->last_transfer_bytes.load(std::memory_order_relaxed)};
 }
 
 std::string TracedCore::timeline_json() const {
