@@ -10,8 +10,9 @@
 //      twice, with either chain recorded first (the recording order sets the order in which cpu:0's
 //      partition meets its ready nodes, the Sends of cpu:1's inputs among them). The same two chains
 //      in one graph on cpu:0 are shown too: the executor overlaps independent big nodes on one device
-//      as well, so that row is for information. One step of each two-device variant is written as
-//      Chrome trace-event JSON, and its events tell whether the devices' op runs overlapped.
+//      as well, so that row is for information; so are the same chains by hand (cblas_sgemm on two
+//      std::threads and on one), which show what the machine allows. One step of each two-device
+//      variant is written as Chrome trace-event JSON, whose events tell whether the devices overlapped.
 //
 //   bench_partition [--out DIR]   (timelines: DIR/partition_timeline{,_cpu1_first}.json; default DIR .)
 #include <cblas.h>
@@ -27,6 +28,8 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <flowlet/flowlet.hpp>
@@ -104,6 +107,16 @@ constexpr int kChain = 4;  // matmuls per branch
 fl::Tensor chain(fl::Tensor t, const fl::Tensor& w) {
   for (int i = 0; i < kChain; ++i) t = fl::matmul(t, w);
   return t;
+}
+
+// The peer: the same chain with cblas_sgemm on preallocated buffers (`t` holds the input and, after
+// an even number of products, the result; `scratch` the other half of each product).
+void cblas_chain(std::vector<float>& t, std::vector<float>& scratch, const std::vector<float>& w) {
+  for (int i = 0; i < kChain; ++i) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kSize, kSize, kSize, 1.0f, t.data(), kSize, w.data(),
+                kSize, 0.0f, scratch.data(), kSize);
+    std::swap(t, scratch);
+  }
 }
 
 // One trace-event object of timeline_json() (a flat object; a metadata event's "args" holds the
@@ -284,10 +297,25 @@ void compare_branches(const std::string& out_dir) {
   const bench::Result merged =
       section.run("cpu:0, both chains in one graph", [&] { bench::do_not_optimize(one(a, b, w)); }, options);
   section.run("one chain alone on cpu:0", [&] { bench::do_not_optimize(single_chain(a, w)); }, options);
+  // What the machine allows: the two chains by hand, on two std::threads and on one.
+  const std::vector<float> wv = w.to_vector<float>();
+  std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>(), scratch_a(av.size()), scratch_b(bv.size());
+  const bench::Result peer_two = section.run("peer: cblas on 2 std::threads", [&] {
+    std::thread other([&] { cblas_chain(bv, scratch_b, wv); });
+    cblas_chain(av, scratch_a, wv);
+    other.join();
+    bench::do_not_optimize(av.data());
+  }, options);
+  const bench::Result peer_one = section.run("peer: cblas, one after the other", [&] {
+    cblas_chain(av, scratch_a, wv);
+    cblas_chain(bv, scratch_b, wv);
+    bench::do_not_optimize(av.data());
+  }, options);
   section.compare(parted, serial, bench::Target::at_most(0.65));
   section.compare(swapped, serial, bench::Target::at_most(0.65));
   section.compare(parted, merged, std::nullopt);
   section.compare(swapped, merged, std::nullopt);
+  section.compare(peer_two, peer_one, std::nullopt);  // the most two threads gain here
 
   std::filesystem::create_directories(out_dir);
   write_and_check_timeline(/*cpu1_recorded_first=*/false, a, b, w, out_dir);
