@@ -48,6 +48,7 @@ struct Event {
   std::string name, cat;
   double ts = 0, dur = 0;
   int tid = 0;
+  bool metadata = false;  // "ph":"M" (the name of a device's timeline process)
 };
 
 // Reads the flat trace-event objects of timeline_json(): {"key":"string" or number, ...} each.
@@ -106,6 +107,11 @@ std::vector<Event> parse_trace_events(std::string_view json) {
         std::string value = read_string();
         if (key == "name") e.name = std::move(value);
         else if (key == "cat") e.cat = std::move(value);
+        else if (key == "ph") e.metadata = value == "M";
+      } else if (i < json.size() && json[i] == '{') {  // a metadata event's args: {"name":"cpu:1"}
+        i = json.find('}', i);
+        if (i == std::string_view::npos) fail("unterminated object");
+        ++i;
       } else {
         const size_t end = json.find_first_of(",}", i);
         if (end == std::string_view::npos) fail("unterminated number");
@@ -116,7 +122,7 @@ std::vector<Event> parse_trace_events(std::string_view json) {
         i = end;
       }
     }
-    events.push_back(std::move(e));
+    if (!e.metadata) events.push_back(std::move(e));  // device names label nothing in this chart
   }
   return events;
 }

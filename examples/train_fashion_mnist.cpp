@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -166,11 +167,15 @@ int run(const Options& o) {
   double final_accuracy = 0.0;
   int64_t images = 0;
   for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
-    batches.reshuffle(static_cast<uint64_t>(epoch));
     const auto epoch_start = std::chrono::steady_clock::now();
     double loss_sum = 0.0;
     int64_t seen = 0, step = 0;
-    for (const fl::data::Dataset& batch : batches) {
+    // A background thread shuffles and batches (epoch e's order is batches.reshuffle(e)) into a
+    // queue of depth 4 while the step trains: batching overlaps training, and when training is the
+    // slower side the full queue holds the producer back.
+    fl::data::Prefetcher prefetch(batches, {.depth = 4, .epochs = 1, .first_epoch = static_cast<uint64_t>(epoch)});
+    while (const std::optional<fl::data::Dataset> next = prefetch.next()) {
+      const fl::data::Dataset& batch = *next;
       const fl::Tensor loss = o.eager ? eager_step(batch.images, batch.labels) : traced_step(batch.images, batch.labels);
       const int64_t n = batch.labels.shape()[0];
       loss_sum += loss.item<float>() * static_cast<double>(n);

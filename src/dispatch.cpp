@@ -41,7 +41,9 @@ int run_here(const Op& op, std::span<const Tensor> inputs, const void* attribute
     if (inputs[i].impl_ptr()->trace_id != 0 && !detail::active_trace()) detail::fail_foreign_symbolic(op, inputs[i]);
     if (i == 0) {
       spec.device = inputs[0].device();
-    } else if (inputs[i].device() != spec.device) {
+    } else if (inputs[i].device() != spec.device && !detail::active_trace()) {
+      // While tracing, inputs may live on different devices: the placer chooses the node's device
+      // and the partitioner moves what crosses (Send/Recv). Eagerly, moving is the caller's choice.
       detail::fail<DeviceError>("{}: inputs are on different devices; got input 0 on {} and input {} on {}",
                                 op.name, spec.device, i, inputs[i].device());
     }

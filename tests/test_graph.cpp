@@ -500,11 +500,11 @@ TEST_CASE("optimize writes DOT and JSON before and after every pass into the dum
   for (std::string_view step : {"_00_traced", "_01_prune", "_02_simplify_algebra", "_03_fold_constants",
                                 "_04_eliminate_common_subexpressions", "_05_simplify_algebra",
                                 "_06_place", "_07_fuse_variable_updates", "_08_fuse_elementwise", "_09_prune",
-                                "_10_compact"}) {
+                                "_10_insert_send_recv"}) {
     CHECK(names.count(first + std::string(step) + ".dot") == 1);
     CHECK(names.count(first + std::string(step) + ".json") == 1);
   }
-  std::ifstream json(dir / "nested" / (first + "_10_compact.json"));
+  std::ifstream json(dir / "nested" / (first + "_10_insert_send_recv.json"));
   const std::string text((std::istreambuf_iterator<char>(json)), std::istreambuf_iterator<char>());
   CHECK(valid_json(text));
   CHECK(text.find("\"op\":\"neg\"") != std::string::npos);

@@ -69,12 +69,18 @@ TEST_CASE("an update requested on another device than its variable is an error n
   test::check_throws<fl::DeviceError>([&] { step(fl::ones({4})); },
                                       {"placement:", "cpu:1", "pinned", "cpu:0", "share a device"});
   CHECK(w.value().to_vector<float>() == std::vector<float>(4, 1.0f));  // nothing ran
-  // An update whose value is on another device is refused while tracing already.
+  // Eagerly an update from another device is refused; traced, the placer keeps the update with
+  // the variable and the partitioner moves the value there.
+  test::check_throws<fl::DeviceError>([&] { w.assign_add(fl::ones({4}, fl::f32, fl::Device("cpu:1"))); },
+                                      {"assign_add:", "pinned", "cpu:1", "cpu:0"});
   auto moved = fl::trace([&](fl::Tensor g) {
     w.assign_add(g.to(fl::Device("cpu:1")));
     return g;
   });
-  test::check_throws<fl::DeviceError>([&] { moved(fl::ones({4})); }, {"assign_add:", "pinned", "cpu:1", "cpu:0"});
+  moved(fl::ones({4}));
+  CHECK(w.value().to_vector<float>() == std::vector<float>(4, 2.0f));
+  CHECK(w.value().device() == fl::Device("cpu:0"));
+  CHECK(moved.last_transfer_stats().transfers == 2);  // g to the copy on cpu:1, and its result back
 }
 
 TEST_CASE("ColocateWith puts nodes on the variable's device") {

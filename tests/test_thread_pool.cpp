@@ -24,6 +24,7 @@
 using flowlet::detail::intra_op_threads;
 using flowlet::detail::parallel_for;
 using flowlet::detail::schedule;
+using flowlet::detail::thread_budget;
 
 namespace {
 
@@ -73,7 +74,8 @@ TEST_CASE("the budget comes from FLOWLET_NUM_THREADS") {
   const char* env = std::getenv("FLOWLET_NUM_THREADS");
   REQUIRE(env != nullptr);
   const int asked = std::atoi(env);  // not a positive number: all hardware threads
-  CHECK(intra_op_threads() == (asked >= 1 ? asked : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))));
+  CHECK(thread_budget() == (asked >= 1 ? asked : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))));
+  CHECK(intra_op_threads() <= thread_budget());
 }
 
 TEST_CASE("parallel_for called from several threads at once gives every caller its own correct sum") {
@@ -161,7 +163,7 @@ TEST_CASE("tasks may call parallel_for and schedule further tasks") {
 }
 
 TEST_CASE("with every worker blocked, a parallel_for caller runs all its chunks itself") {
-  const int workers = intra_op_threads() - 1;
+  const int workers = thread_budget() - 1;
   if (workers == 0) {  // FLOWLET_NUM_THREADS=1: no worker, and schedule runs the task inline
     bool ran = false;
     schedule([](void* p) noexcept { *static_cast<bool*>(p) = true; }, &ran);

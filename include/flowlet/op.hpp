@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
@@ -18,6 +19,10 @@
 namespace flowlet {
 
 struct Op;
+
+namespace detail {
+struct StepContext;  // what a graph step gives its kernels (the rendezvous, cancellation): src/exec/step_context.hpp
+}  // namespace detail
 
 // Shape and dtype of one output, as the op's rule infers it.
 struct TensorMeta {
@@ -35,11 +40,13 @@ struct OutputSpec {
   Device device;
 };
 
-// One invocation: the op, its inputs and its attribute struct.
+// One invocation: the op, its inputs and its attribute struct, and, inside a graph step, the
+// step's context (null for eager calls).
 struct OpCall {
   const Op& op;
   std::span<const Tensor> inputs;
   const void* attributes = nullptr;
+  detail::StepContext* step = nullptr;
 
   template <class Attributes>
   const Attributes& attrs() const {
@@ -52,6 +59,18 @@ struct OpCall {
 using InferFn = void (*)(const OpCall& call, OutputSpec& spec);
 // Computes the outputs. They arrive allocated (contiguous, row-major) unless the op is a view.
 using KernelFn = void (*)(const OpCall& call, std::span<Tensor> outputs);
+
+// How an asynchronous kernel says it finished: call it exactly once, from any thread, with null or
+// the error it failed with. The outputs must be written before.
+struct AsyncDone {
+  void (*fn)(void* context, std::exception_ptr error) = nullptr;
+  void* context = nullptr;
+  void operator()(std::exception_ptr error = nullptr) const { fn(context, std::move(error)); }
+};
+// A kernel that may have to wait for something outside the graph step (a Recv for its tensor, a
+// dequeue on an empty queue). It returns at once and calls `done` when the outputs are ready, so a
+// waiting node holds no thread. Outputs arrive empty; the kernel sets them. Graph steps only.
+using AsyncKernelFn = void (*)(const OpCall& call, std::span<Tensor> outputs, AsyncDone done);
 
 // What a gradient rule sees: the op's inputs and outputs as recorded, and its attributes.
 struct GradCall {
@@ -116,8 +135,13 @@ struct Op {
   GradFn grad = nullptr;                     // nullptr: not differentiable (comparisons, indices)
   CopyAttributesFn copy_attributes = nullptr;  // set when the op has an attribute struct
   DescribeAttributesFn describe_attributes = nullptr;  // set together with copy_attributes
+  // Graph-only ops that wait (Recv, dequeue) run through these instead of `kernels`.
+  std::array<AsyncKernelFn, kNumDeviceKinds> async_kernels{};
 
   bool has_flag(OpFlags flag) const { return (flags & flag) != 0; }
+  bool runs_on(DeviceKind kind) const {
+    return kernels[static_cast<size_t>(kind)] != nullptr || async_kernels[static_cast<size_t>(kind)] != nullptr;
+  }
 };
 
 // Every op of the library, by name. Device backends add their kernels here at start-up.

@@ -15,6 +15,7 @@ namespace flowlet {
 
 namespace detail {
 struct QueueState;
+struct QueueAccess;  // the graph ops' way to the state (src/queue/queue_internal.hpp)
 }
 
 // What a queue checks about each item. from_first: the first item enqueued fixes the number of
@@ -37,6 +38,16 @@ enum class ItemSignature { from_first, any };
 //   - cancel() wakes every blocked caller, producer or consumer, with Cancelled; so do later calls.
 // An item that fails the checks (an empty Tensor handle or a symbolic tensor: InvalidArgument; a
 // signature mismatch: InvalidArgument for the count, DTypeError for a dtype) leaves the queue unchanged.
+//
+// Inside a traced function, enqueue and dequeue record stateful graph nodes that run at every call,
+// in program order with the function's other uses of the queue:
+//   auto step = trace([&] { std::vector<Tensor> batch = q.dequeue(); return train(batch[0], batch[1]); });
+// A node waiting on the queue (empty for a dequeue, full for an enqueue) holds no executor thread,
+// and a failing step wakes it with Cancelled. Tracing learns the item's shapes, dtypes and device
+// from the first item: a dequeue while tracing waits until the queue holds one (without taking it),
+// and every later item must match them (InvalidArgument otherwise). A graph item holds at most 4
+// tensors. try_enqueue, try_dequeue and try_dequeue_for cannot be traced (InvalidArgument); size(),
+// close() and the rest run at trace time only, like any C++ in the function.
 class Queue {
  public:
   // Adds `item`, blocking while the queue is full.
@@ -73,6 +84,7 @@ class Queue {
 
   // Two handles to one queue compare equal.
   friend bool same_queue(const Queue& a, const Queue& b) { return a.state_ == b.state_; }
+  friend struct detail::QueueAccess;
 
  protected:
   explicit Queue(std::shared_ptr<detail::QueueState> state) : state_(std::move(state)) {}

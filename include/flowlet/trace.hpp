@@ -12,8 +12,8 @@
 //   Tensor loss = step(x, y);   // first call with this signature traces; later calls run the graph
 //
 // What to know:
-//   - The signature of a call is the dtype, shape and device of each tensor argument and the value
-//     of every other argument. A new signature traces fn again (trace_count() counts them; a
+//   - The signature of a call is the dtype, shape and device of each tensor argument, the value
+//     of every other argument, and the DeviceScope (or ColocateWith) active at the call. A new signature traces fn again (trace_count() counts them; a
 //     warning names the difference when one function keeps retracing). TraceOptions::unknown_dims
 //     lets one graph serve every size of a dimension, e.g. the batch.
 //   - fn's own C++ code runs only while it is traced: a std::cout in fn prints once. Use
@@ -58,6 +58,14 @@ struct TraceOptions {
   bool collect_step_stats = false;  // record each node's start, end and thread on every call
 };
 
+// What the last call moved between devices: its graph is cut into one partition per device, and
+// every edge between two partitions is a Send/Recv pair (zero-copy between logical CPU devices,
+// which share memory; `bytes` counts the tensors' sizes all the same).
+struct TransferStats {
+  int64_t transfers = 0;  // Send/Recv pairs that ran, control-only pairs included
+  int64_t bytes = 0;      // bytes of the tensors they carried
+};
+
 // Ops inside run eagerly even while fn is being traced: one-time set-up such as creating variables.
 class EagerScope {
  public:
@@ -83,7 +91,12 @@ struct ArgSignature {
   Shape shape;
   Device device;
   std::string value;  // non-tensor arguments: their value, formatted
+  bool is_scope = false;  // the last entry: the DeviceScope / ColocateWith active at the call
 };
+
+// Appends the caller's active device scope to a signature: nodes record it as their requested
+// device, so a call under another scope needs its own graph.
+void describe_device_scope(std::vector<ArgSignature>& signature);
 
 class FunctionCore;
 
@@ -115,6 +128,7 @@ class TracedCore {
   int64_t trace_count() const;
   const std::string& last_retrace_reason() const;
   std::string timeline_json() const;  // Chrome trace-event JSON of the last call (collect_step_stats)
+  TransferStats last_transfer_stats() const;
 
   struct Builder {
     std::shared_ptr<void> state;  // the TraceBuilder and the active-trace scope
@@ -220,6 +234,7 @@ class TracedFunction {
     std::vector<detail::ArgSignature> signature;
     std::vector<Tensor> tensors;
     (detail::describe_argument(args, signature, tensors), ...);
+    detail::describe_device_scope(signature);
     int entry = core_->find(signature);
     if (entry < 0) entry = trace_now<R>(signature, tensors, args...);
     if constexpr (std::is_void_v<R>) {
@@ -237,6 +252,7 @@ class TracedFunction {
     std::vector<detail::ArgSignature> signature;
     std::vector<Tensor> tensors;
     (detail::describe_argument(args, signature, tensors), ...);
+    detail::describe_device_scope(signature);
     int entry = core_->find(signature);
     if (entry < 0) entry = trace_now<R>(signature, tensors, args...);
     return core_->graph(entry);
@@ -248,6 +264,8 @@ class TracedFunction {
   const std::string& last_retrace_reason() const { return core_->last_retrace_reason(); }
   // The last call's step statistics as Chrome/Perfetto trace-event JSON (needs collect_step_stats).
   std::string timeline_json() const { return core_->timeline_json(); }
+  // Tensors the last call moved between its device partitions (all zero on one device).
+  TransferStats last_transfer_stats() const { return core_->last_transfer_stats(); }
 
  private:
   template <class R, class... Args>

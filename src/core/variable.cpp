@@ -68,7 +68,7 @@ Device Variable::device() const { return peek(state()).device(); }
 
 namespace detail {
 
-void check_variable_update(const char* op, const VariableState& s, const Tensor& t) {
+void check_variable_update(const char* op, const VariableState& s, const Tensor& t, bool check_device) {
   if (!t.defined()) fail<InvalidArgument>("{}: update is an empty Tensor handle; got Tensor() for '{}'", op, s.name);
   if (t.dtype() != s.value.dtype()) {
     fail<DTypeError>("{}: dtype differs from variable '{}'; got {} for a {} variable", op, s.name, t.dtype(),
@@ -78,7 +78,7 @@ void check_variable_update(const char* op, const VariableState& s, const Tensor&
     fail<ShapeError>("{}: shape differs from variable '{}'; got {} for a {} variable", op, s.name, t.shape(),
                      s.value.shape());
   }
-  if (t.device() != s.value.device()) {
+  if (check_device && t.device() != s.value.device()) {
     fail<DeviceError>("{}: device differs from variable '{}'; got {} for a variable on {}", op, s.name, t.device(),
                       s.value.device());
   }

@@ -25,7 +25,9 @@ inline const char* assign_mode_name(AssignMode mode) {
 
 // ShapeError / DTypeError / DeviceError naming `op` and the variable unless `t` matches its value
 // (symbolic tensors are checked by their shape and dtype alone).
-void check_variable_update(const char* op, const VariableState& s, const Tensor& t);
+// `check_device`: false while tracing, where the placer runs the update on the variable's device
+// and the partitioner moves the value there.
+void check_variable_update(const char* op, const VariableState& s, const Tensor& t, bool check_device = true);
 
 // True when the variable's tensor is reachable only through the variable: no handle, view or
 // recorded tape node shares it, so changing it in place is invisible to everyone else.

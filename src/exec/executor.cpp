@@ -1,12 +1,16 @@
 // The executor. Two ways to run a plan, chosen when it is built:
 //   - sequential: the nodes in their topological order on the calling thread. No queue, no atomics,
 //     no thread hop: the right choice when there is one thread, or nothing worth overlapping.
-//   - concurrent: each node counts the producers it still waits for; the thread that finishes a
-//     producer runs cheap newly-ready nodes inline and hands expensive ones beyond the first to the
-//     shared pool (exec/thread_pool.hpp), so independent branches overlap without oversubscribing.
+//   - dataflow: each node counts the producers it still waits for; the thread that finishes a
+//     producer runs cheap newly-ready nodes inline and (when the plan is concurrent) hands expensive
+//     ones beyond the first to the shared pool (exec/thread_pool.hpp), so independent branches
+//     overlap without oversubscribing. Plans with asynchronous nodes (Recv, dequeue) and partitions
+//     of a multi-device step always run this way: an async node that must wait returns at once and
+//     its completion (on whatever thread delivers the tensor) continues the partition on the pool,
+//     so a waiting node holds no thread.
 // In both, a slot's tensor is dropped as soon as its last reader has run, so memory peaks like
-// the eager program's. A failing node cancels the rest of the step (later nodes are skipped, not
-// run) and its error is rethrown by run() once every running node has stopped.
+// the eager program's. A failing node cancels the step (later nodes, in every partition, are
+// skipped; waiting Recvs are woken) and its error is rethrown once every running node has stopped.
 #include "exec/executor.hpp"
 
 #include <array>
@@ -54,8 +58,8 @@ int thread_number() {
   return number;
 }
 
-// Rethrows `error` as the same flowlet::Error subclass with "node '...' (recorded at ...): " in
-// front, so callers can still catch OutOfRange and friends. Other exceptions pass unchanged.
+}  // namespace
+
 [[noreturn]] void rethrow_from_node(const std::exception_ptr& error, const Node& node) {
   const std::string prefix = node.label() + ": ";
   try {
@@ -77,6 +81,8 @@ int thread_number() {
   }
 }
 
+namespace {
+
 // FLOWLET_EXECUTOR=sequential|concurrent overrides the choice (tests and benchmarks use it).
 int forced_mode() {
   static const int mode = [] {
@@ -91,28 +97,45 @@ int forced_mode() {
 
 }  // namespace
 
+void StepShared::fail(std::exception_ptr e, const Node& node) {
+  {
+    std::lock_guard lock(mutex);
+    if (error) return;
+    error = std::move(e);
+    error_node = &node;
+  }
+  cancellation.cancel();  // outside the lock: callbacks wake parked nodes, which take it again
+}
+
+void StepShared::partition_finished() {
+  std::lock_guard lock(mutex);
+  if (--remaining == 0) finished.notify_all();
+}
+
+void StepShared::wait() {
+  std::unique_lock lock(mutex);
+  finished.wait(lock, [&] { return remaining == 0; });
+}
+
 struct Plan::Step {
-  explicit Step(const Plan& plan_)
-      : plan(plan_), values(static_cast<size_t>(plan_.num_slots_)), uses(plan_.initial_uses_.size()) {}
+  Step(const Plan& plan_, StepShared& shared_)
+      : plan(plan_), shared(shared_), values(static_cast<size_t>(plan_.num_slots_)), uses(plan_.initial_uses_.size()) {}
 
   const Plan& plan;
+  StepShared& shared;
   std::vector<Tensor> values;  // per slot
   std::vector<std::atomic<int32_t>> uses;
-  std::unique_ptr<std::atomic<int32_t>[]> pending;  // concurrent runs only
-  std::atomic<bool> cancelled{false};
-  std::atomic<int64_t> outstanding{0};  // ready or running items
-  std::mutex mutex;                     // guards error, done, stats
-  std::condition_variable finished;
-  bool done = false;
-  std::exception_ptr error;
-  int32_t error_node = -1;
-  StepStats* stats = nullptr;
-  int64_t start_ns = 0;
-  std::vector<std::pair<Step*, int32_t>> tasks;  // the argument of each scheduled item
+  std::unique_ptr<std::atomic<int32_t>[]> pending;     // dataflow runs only
+  std::unique_ptr<std::atomic<uint8_t>[]> async_state;  // per item: 2 once both the kernel returned and done ran
+  std::vector<int64_t> async_start;                     // per item, with statistics: when its kernel started
+  std::atomic<int64_t> outstanding{0};                  // ready, running or waiting items
+  std::vector<std::pair<Step*, int32_t>> tasks;         // the argument of each scheduled item
 };
 
-Plan::Plan(std::shared_ptr<const Graph> graph, bool dynamic_shapes)
-    : graph_(std::move(graph)), dynamic_shapes_(dynamic_shapes) {
+Plan::~Plan() = default;
+
+Plan::Plan(std::shared_ptr<const Graph> graph, bool dynamic_shapes, std::vector<int32_t> global_ids, bool in_group)
+    : graph_(std::move(graph)), dynamic_shapes_(dynamic_shapes), global_ids_(std::move(global_ids)) {
   const Graph& g = *graph_;
   const auto n = g.nodes().size();
   std::vector<int32_t> first_slot(n, -1), item_of(n, -1);
@@ -132,13 +155,16 @@ Plan::Plan(std::shared_ptr<const Graph> graph, bool dynamic_shapes)
       item.node = static_cast<int32_t>(id);
       item.op = node.op;
       item.kernel = node.op->kernels[static_cast<int>(node.device.kind())];
-      if (!item.kernel) {
+      item.async_kernel = node.op->async_kernels[static_cast<int>(node.device.kind())];
+      if (!item.kernel && !item.async_kernel) {
         fail<DeviceError>("{}: no kernel for device {}", node.label(), node.device);
       }
+      if (item.async_kernel) item.kernel = nullptr;
+      has_async_ |= item.async_kernel != nullptr;
       item.attributes = node.attributes.get();
       item.first_output = first_slot[id];
       item.num_outputs = static_cast<int32_t>(node.outputs.size());
-      item.allocate = !node.op->has_flag(kView);
+      item.allocate = !node.op->has_flag(kView) && !item.async_kernel;
       item.expensive = is_expensive(g, node);
       items_.push_back(item);
     }
@@ -179,7 +205,8 @@ Plan::Plan(std::shared_ptr<const Graph> graph, bool dynamic_shapes)
   }
   // Overlap pays only when two big nodes are independent (neither waits for the other); a chain of
   // big nodes runs faster sequentially, each split over every thread.
-  concurrent_ = forced_mode() == 2 || (forced_mode() == 0 && intra_op_threads() > 1 && has_independent_expensive_items());
+  concurrent_ = forced_mode() == 2 || (forced_mode() == 0 && thread_budget() > 1 && has_independent_expensive_items());
+  dataflow_ = concurrent_ || has_async_ || in_group;
 }
 
 bool Plan::has_independent_expensive_items() const {
@@ -211,59 +238,75 @@ bool Plan::has_independent_expensive_items() const {
   return false;
 }
 
-void Plan::run_item(Step& step, int32_t index) const {
+bool Plan::run_item(Step& step, int32_t index) const {
   const Item& item = items_[static_cast<size_t>(index)];
-  if (!step.cancelled.load(std::memory_order_relaxed)) {
-    const int64_t start = step.stats ? now_ns() : 0;
-    try {
-      std::array<Tensor, 8> small_inputs;
-      std::vector<Tensor> large_inputs;
-      std::span<Tensor> inputs;
-      if (item.num_inputs <= 8) {
-        inputs = std::span<Tensor>(small_inputs.data(), static_cast<size_t>(item.num_inputs));
+  if (step.shared.cancellation.cancelled()) {
+    complete_item(step, index, -1);
+    return true;
+  }
+  const int64_t start = step.shared.stats ? now_ns() : 0;
+  const Node& node = graph_->node(item.node);
+  try {
+    std::array<Tensor, 8> small_inputs;
+    std::vector<Tensor> large_inputs;
+    std::span<Tensor> inputs;
+    if (item.num_inputs <= 8) {
+      inputs = std::span<Tensor>(small_inputs.data(), static_cast<size_t>(item.num_inputs));
+    } else {
+      large_inputs.resize(static_cast<size_t>(item.num_inputs));
+      inputs = large_inputs;
+    }
+    for (int32_t k = 0; k < item.num_inputs; ++k) {
+      inputs[static_cast<size_t>(k)] = step.values[static_cast<size_t>(input_slots_[static_cast<size_t>(item.first_input + k)])];
+    }
+    const OpCall call{*item.op, inputs, item.attributes, &step.shared.context};
+    if (item.async_kernel) {
+      if (step.shared.stats) step.async_start[static_cast<size_t>(index)] = start;
+      step.async_state[static_cast<size_t>(index)].store(0, std::memory_order_relaxed);
+      item.async_kernel(call,
+                        std::span<Tensor>(step.values.data() + item.first_output, static_cast<size_t>(item.num_outputs)),
+                        AsyncDone{&Plan::async_done, &step.tasks[static_cast<size_t>(index)]});
+      // Whichever of this thread and the completion comes second goes on with the item.
+      if (step.async_state[static_cast<size_t>(index)].fetch_add(1, std::memory_order_acq_rel) == 0) return false;
+      complete_item(step, index, start);
+      return true;
+    }
+    std::array<Tensor, kMaxOutputs> outputs;
+    if (item.allocate && item.num_outputs > 0) {
+      if (dynamic_shapes_) {
+        OutputSpec spec;
+        spec.device = node.device;
+        item.op->infer(call, spec);
+        for (int32_t k = 0; k < item.num_outputs; ++k) {
+          outputs[static_cast<size_t>(k)] = Tensor::empty(spec.outputs[static_cast<size_t>(k)].shape,
+                                                          spec.outputs[static_cast<size_t>(k)].dtype, node.device);
+        }
       } else {
-        large_inputs.resize(static_cast<size_t>(item.num_inputs));
-        inputs = large_inputs;
-      }
-      for (int32_t k = 0; k < item.num_inputs; ++k) {
-        inputs[static_cast<size_t>(k)] = step.values[static_cast<size_t>(input_slots_[static_cast<size_t>(item.first_input + k)])];
-      }
-      const OpCall call{*item.op, inputs, item.attributes};
-      std::array<Tensor, kMaxOutputs> outputs;
-      const Node& node = graph_->node(item.node);
-      if (item.allocate && item.num_outputs > 0) {
-        if (dynamic_shapes_) {
-          OutputSpec spec;
-          spec.device = node.device;
-          item.op->infer(call, spec);
-          for (int32_t k = 0; k < item.num_outputs; ++k) {
-            outputs[static_cast<size_t>(k)] = Tensor::empty(spec.outputs[static_cast<size_t>(k)].shape,
-                                                            spec.outputs[static_cast<size_t>(k)].dtype, node.device);
-          }
-        } else {
-          for (int32_t k = 0; k < item.num_outputs; ++k) {
-            const TensorMeta& meta = node.outputs[static_cast<size_t>(k)];
-            outputs[static_cast<size_t>(k)] = Tensor::empty(meta.shape, meta.dtype, node.device);
-          }
+        for (int32_t k = 0; k < item.num_outputs; ++k) {
+          const TensorMeta& meta = node.outputs[static_cast<size_t>(k)];
+          outputs[static_cast<size_t>(k)] = Tensor::empty(meta.shape, meta.dtype, node.device);
         }
       }
-      item.kernel(call, std::span<Tensor>(outputs.data(), static_cast<size_t>(item.num_outputs)));
-      for (int32_t k = 0; k < item.num_outputs; ++k) {
-        step.values[static_cast<size_t>(item.first_output + k)] = std::move(outputs[static_cast<size_t>(k)]);
-      }
-    } catch (...) {
-      std::lock_guard lock(step.mutex);
-      if (!step.error) {
-        step.error = std::current_exception();
-        step.error_node = item.node;
-      }
-      step.cancelled.store(true, std::memory_order_relaxed);
     }
-    if (step.stats) {
-      const int64_t end = now_ns();
-      std::lock_guard lock(step.mutex);
-      step.stats->nodes.push_back({item.node, start - step.start_ns, end - step.start_ns, thread_number()});
+    item.kernel(call, std::span<Tensor>(outputs.data(), static_cast<size_t>(item.num_outputs)));
+    for (int32_t k = 0; k < item.num_outputs; ++k) {
+      step.values[static_cast<size_t>(item.first_output + k)] = std::move(outputs[static_cast<size_t>(k)]);
     }
+  } catch (...) {
+    // An async kernel that throws has not called (and must not call) its done.
+    step.shared.fail(std::current_exception(), node);
+  }
+  complete_item(step, index, start);
+  return true;
+}
+
+void Plan::complete_item(Step& step, int32_t index, int64_t start) const {
+  const Item& item = items_[static_cast<size_t>(index)];
+  if (step.shared.stats && start >= 0) {
+    const int64_t end = now_ns();
+    const int32_t id = global_ids_.empty() ? item.node : global_ids_[static_cast<size_t>(item.node)];
+    std::lock_guard lock(step.shared.mutex);
+    step.shared.stats->nodes.push_back({id, start - step.shared.start_ns, end - step.shared.start_ns, thread_number()});
   }
   // Drop inputs nobody else reads.
   for (int32_t k = 0; k < item.num_inputs; ++k) {
@@ -272,8 +315,40 @@ void Plan::run_item(Step& step, int32_t index) const {
   }
 }
 
+void Plan::async_done(void* context, std::exception_ptr error) {
+  auto* task = static_cast<std::pair<Step*, int32_t>*>(context);
+  Step& step = *task->first;
+  const Plan& plan = step.plan;
+  if (error) step.shared.fail(std::move(error), plan.graph_->node(plan.items_[static_cast<size_t>(task->second)].node));
+  if (step.async_state[static_cast<size_t>(task->second)].fetch_add(1, std::memory_order_acq_rel) == 0) {
+    return;  // the kernel has not returned yet: run_item goes on with the item
+  }
+  // The partition continues on a pool thread, not on the thread that delivered (often another
+  // device's partition, which has its own work).
+  schedule(&Plan::continue_task, context);
+}
+
+void Plan::continue_task(void* context) {
+  auto* task = static_cast<std::pair<Step*, int32_t>*>(context);
+  Step& step = *task->first;
+  const Plan& plan = step.plan;
+  const int32_t index = task->second;
+  plan.complete_item(step, index, step.shared.stats ? step.async_start[static_cast<size_t>(index)] : -1);
+  std::vector<int32_t> ready;
+  plan.finish_item(step, index, ready);
+  plan.drain(step, ready);
+}
+
 void Plan::run_sequential(Step& step) const {
   for (int32_t i = 0; i < static_cast<int32_t>(items_.size()); ++i) run_item(step, i);
+}
+
+void Plan::drain(Step& step, std::vector<int32_t>& ready) const {
+  while (!ready.empty()) {
+    const int32_t index = ready.back();
+    ready.pop_back();
+    if (run_item(step, index)) finish_item(step, index, ready);
+  }
 }
 
 void Plan::finish_item(Step& step, int32_t index, std::vector<int32_t>& ready) const {
@@ -284,7 +359,7 @@ void Plan::finish_item(Step& step, int32_t index, std::vector<int32_t>& ready) c
     if (step.pending[static_cast<size_t>(c)].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
     step.outstanding.fetch_add(1, std::memory_order_relaxed);
     const Item& next = items_[static_cast<size_t>(c)];
-    if (!next.expensive || (!kept_expensive && ready.empty())) {
+    if (!concurrent_ || !next.expensive || (!kept_expensive && ready.empty())) {
       kept_expensive |= next.expensive;
       ready.push_back(c);  // run on this thread
     } else {
@@ -292,74 +367,91 @@ void Plan::finish_item(Step& step, int32_t index, std::vector<int32_t>& ready) c
       schedule(&Plan::run_task, &step.tasks[static_cast<size_t>(c)]);
     }
   }
-  if (step.outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    // The last item of the step: wake run(). Only this thread touches the step from here on, and
-    // only under the mutex that run() takes before it returns.
-    std::lock_guard lock(step.mutex);
-    step.done = true;
-    step.finished.notify_all();
-  }
+  // The last item of the partition: from here on only the shared state is touched.
+  if (step.outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) step.shared.partition_finished();
 }
 
 void Plan::run_task(void* context) {
   auto* task = static_cast<std::pair<Step*, int32_t>*>(context);
-  Step& step = *task->first;
-  const Plan& plan = step.plan;
   std::vector<int32_t> ready{task->second};
-  while (!ready.empty()) {
-    const int32_t index = ready.back();
-    ready.pop_back();
-    plan.run_item(step, index);
-    plan.finish_item(step, index, ready);
-  }
+  task->first->plan.drain(*task->first, ready);
 }
 
-void Plan::run_concurrent(Step& step) const {
-  step.pending = std::make_unique<std::atomic<int32_t>[]>(items_.size());
-  for (size_t i = 0; i < items_.size(); ++i) step.pending[i].store(items_[i].initial_pending, std::memory_order_relaxed);
-  step.tasks.resize(items_.size());
-  if (items_.empty()) return;
-  step.outstanding.store(static_cast<int64_t>(initially_ready_.size()), std::memory_order_relaxed);
-  std::vector<int32_t> ready(initially_ready_.rbegin(), initially_ready_.rend());
-  while (!ready.empty()) {
-    const int32_t index = ready.back();
-    ready.pop_back();
-    run_item(step, index);
-    finish_item(step, index, ready);
-  }
-  std::unique_lock lock(step.mutex);
-  step.finished.wait(lock, [&] { return step.done; });
+void Plan::StepDeleter::operator()(Step* step) const { delete step; }
+
+Plan::StepPtr Plan::make_step(StepShared& shared, std::span<const Tensor> arguments) const {
+  StepPtr step(new Step(*this, shared));
+  feed(*step, arguments);
+  return step;
 }
 
-std::vector<Tensor> Plan::run(std::span<const Tensor> arguments, StepStats* stats) const {
+void Plan::feed(Step& step, std::span<const Tensor> arguments) const {
   if (static_cast<int32_t>(arguments.size()) < num_arguments_) {
     fail<InvalidArgument>("graph: expects {} tensor arguments; got {}", num_arguments_, arguments.size());
   }
-  Step step(*this);
   for (size_t s = 0; s < initial_uses_.size(); ++s) step.uses[s].store(initial_uses_[s], std::memory_order_relaxed);
   for (const auto& [index, slot] : argument_slots_) step.values[static_cast<size_t>(slot)] = arguments[static_cast<size_t>(index)];
   for (const auto& [slot, value] : constant_slots_) step.values[static_cast<size_t>(slot)] = value;
-  step.stats = stats;
+  if (!dataflow_) return;
+  step.pending = std::make_unique<std::atomic<int32_t>[]>(items_.size());
+  for (size_t i = 0; i < items_.size(); ++i) step.pending[i].store(items_[i].initial_pending, std::memory_order_relaxed);
+  step.tasks.resize(items_.size());
+  for (size_t i = 0; i < items_.size(); ++i) step.tasks[i] = {&step, static_cast<int32_t>(i)};
+  if (has_async_) {
+    step.async_state = std::make_unique<std::atomic<uint8_t>[]>(items_.size());
+    if (step.shared.stats) step.async_start.assign(items_.size(), 0);
+  }
+}
+
+void Plan::start(Step& step) const {
+  if (!dataflow_) {  // a lone sequential partition
+    run_sequential(step);
+    step.shared.partition_finished();
+    return;
+  }
+  if (items_.empty()) {
+    step.shared.partition_finished();
+    return;
+  }
+  step.outstanding.store(static_cast<int64_t>(initially_ready_.size()), std::memory_order_relaxed);
+  std::vector<int32_t> ready(initially_ready_.rbegin(), initially_ready_.rend());
+  drain(step, ready);
+}
+
+void Plan::start_task(void* context) {
+  auto* step = static_cast<Step*>(context);
+  step->plan.start(*step);
+}
+
+Tensor Plan::output(Step& step, size_t i) const {
+  Tensor value = step.values[static_cast<size_t>(output_slots_.at(i))];
+  // A constant output (folded, or captured) is the graph's own buffer: hand out a copy, so a
+  // caller writing through data() cannot change what later calls return.
+  if (output_is_constant_[i]) value = copy_to_contiguous(value);
+  return value;
+}
+
+std::vector<Tensor> Plan::run(std::span<const Tensor> arguments, StepStats* stats) const {
+  StepShared shared;
+  shared.remaining = 1;
   if (stats) {
     stats->nodes.clear();
-    step.start_ns = now_ns();
+    if (stats->record_nodes) shared.stats = stats;
+    shared.start_ns = now_ns();
   }
-  if (concurrent_) {
-    run_concurrent(step);
+  Step step(*this, shared);
+  feed(step, arguments);
+  if (dataflow_) {
+    start(step);
+    shared.wait();
   } else {
     run_sequential(step);
   }
-  if (stats) stats->wall_ns = now_ns() - step.start_ns;
-  if (step.error) rethrow_from_node(step.error, graph_->node(step.error_node));
+  if (stats) stats->wall_ns = now_ns() - shared.start_ns;
+  if (shared.error) rethrow_from_node(shared.error, *shared.error_node);
   std::vector<Tensor> outputs;
   outputs.reserve(output_slots_.size());
-  for (size_t i = 0; i < output_slots_.size(); ++i) {
-    Tensor value = step.values[static_cast<size_t>(output_slots_[i])];
-    // A constant output (folded, or captured) is the graph's own buffer: hand out a copy, so a
-    // caller writing through data() cannot change what later calls return.
-    if (output_is_constant_[i]) value = copy_to_contiguous(value);
-    outputs.push_back(std::move(value));
-  }
+  for (size_t i = 0; i < output_slots_.size(); ++i) outputs.push_back(output(step, i));
   return outputs;
 }
 

@@ -196,24 +196,30 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 };
 
-int configured_threads() {
-  if (const char* env = std::getenv("FLOWLET_NUM_THREADS")) {
+int env_threads(const char* name, int fallback) {
+  if (const char* env = std::getenv(name)) {
     const int n = std::atoi(env);
     if (n >= 1) return n;
   }
-  return std::max(1u, std::thread::hardware_concurrency());
+  return fallback;
 }
 
 ThreadPool& pool() {
   // Never destroyed: kernels may still run from static destructors of user code.
-  static ThreadPool* instance = new ThreadPool(intra_op_threads());
+  static ThreadPool* instance = new ThreadPool(thread_budget());
   return *instance;
 }
 
 }  // namespace
 
+int thread_budget() {
+  static const int threads =
+      env_threads("FLOWLET_NUM_THREADS", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  return threads;
+}
+
 int intra_op_threads() {
-  static const int threads = configured_threads();
+  static const int threads = std::min(thread_budget(), env_threads("FLOWLET_INTRA_OP_THREADS", thread_budget()));
   return threads;
 }
 
@@ -227,7 +233,7 @@ void run_chunks(int64_t chunks, FunctionRef<void(int64_t)> body) {
 }
 
 void schedule(void (*fn)(void*), void* arg) {
-  if (intra_op_threads() == 1) {
+  if (thread_budget() == 1) {
     run_task({fn, arg});
     return;
   }

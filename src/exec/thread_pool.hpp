@@ -28,6 +28,10 @@ class FunctionRef<R(Args...)> {
 // The thread budget (FLOWLET_NUM_THREADS, default all hardware threads; read once). The pool starts
 // budget - 1 workers, and a worker starts a chunk or a task only while fewer than budget threads
 // run: callers inside run_chunks count, busy workers count, threads blocked elsewhere do not.
+int thread_budget();
+// The most threads one op splits over (FLOWLET_INTRA_OP_THREADS, at most the budget, default the
+// budget; read once). 1 keeps every op on one thread while independent graph nodes and device
+// partitions still run at once, up to the budget.
 int intra_op_threads();
 
 // Runs body(chunk) for every chunk in [0, chunks), the caller taking part; idle workers help while
@@ -42,7 +46,7 @@ void run_chunks(int64_t chunks, FunctionRef<void(int64_t)> body);
 // may call parallel_for and schedule, but must not block until another task runs (with every
 // worker so blocked, nothing would run it). fn must not throw: catch inside it and report through
 // arg (debug builds assert). With a budget of 1 there is no worker and fn runs inline, before
-// schedule returns, so a caller that needs concurrency schedules only when intra_op_threads() > 1.
+// schedule returns, so a caller that needs concurrency schedules only when thread_budget() > 1.
 void schedule(void (*fn)(void*), void* arg);
 
 // Calls body(begin, end) over [0, n) in pieces of at least `grain` elements, in parallel when n is

@@ -103,7 +103,7 @@ void record_variable_update(const std::shared_ptr<VariableState>& state, AssignM
   TraceBuilder* trace = active_trace();
   {
     std::lock_guard lock(state->mutex);
-    check_variable_update(assign_mode_name(mode), *state, t);
+    check_variable_update(assign_mode_name(mode), *state, t, /*check_device=*/false);
   }
   const VariableAttrs attrs{state, mode, scale};
   OutputSpec spec;

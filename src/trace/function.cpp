@@ -1,6 +1,7 @@
 // The type-independent half of trace(): the signature cache, tracing and compiling a new
 // signature, retrace diagnostics, and running the cached plan.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <cstdio>
 #include <deque>
@@ -9,7 +10,7 @@
 
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
-#include "exec/executor.hpp"
+#include "exec/executable.hpp"
 #include "flowlet/trace.hpp"
 #include "trace/json_text.hpp"
 #include "trace/passes/passes.hpp"
@@ -50,7 +51,9 @@ std::vector<std::string> differences(const std::vector<ArgSignature>& before, co
   for (size_t i = 0; i < now.size(); ++i) {
     const ArgSignature& a = before[i];
     const ArgSignature& b = now[i];
-    if (a.is_tensor != b.is_tensor || a.tensor_count != b.tensor_count) {
+    if (a.is_scope || b.is_scope) {
+      if (a.value != b.value) found.push_back(fmt::format("device scope {} -> {}", a.value, b.value));
+    } else if (a.is_tensor != b.is_tensor || a.tensor_count != b.tensor_count) {
       found.push_back(fmt::format("argument {}: {} -> {}", i, argument_text(a), argument_text(b)));
     } else if (!a.is_tensor || !a.value.empty()) {
       if (a.value != b.value) found.push_back(fmt::format("argument {}: value {} -> {}", i, a.value, b.value));
@@ -110,7 +113,7 @@ std::optional<std::string> first_structural_difference(const Graph& a, const Gra
 struct Entry {
   std::vector<ArgSignature> signature;  // unknown dimensions hold -1
   std::shared_ptr<const Graph> graph;
-  std::unique_ptr<Plan> plan;
+  std::unique_ptr<Executable> executable;
 };
 
 // What begin_trace hands to the caller: the recording, active until finish_trace.
@@ -120,6 +123,18 @@ struct Recording {
 };
 
 }  // namespace
+
+void describe_device_scope(std::vector<ArgSignature>& signature) {
+  ArgSignature scope;
+  scope.is_scope = true;
+  if (const ScopeFrame* frame = innermost_scope) {
+    scope.value = frame->requested ? frame->requested->str() : "none";
+    if (frame->colocate_with != nullptr) scope.value += fmt::format(" (colocated with {})", frame->colocate_with);
+  } else {
+    scope.value = "none";
+  }
+  signature.push_back(std::move(scope));
+}
 
 class FunctionCore {
  public:
@@ -134,6 +149,9 @@ class FunctionCore {
   bool warned = false;
   bool warned_polymorphic = false;
   StepStats last_stats;
+  // The last call's transfers; atomics, so single-device calls reset them without the mutex.
+  std::atomic<int64_t> last_transfers{0};
+  std::atomic<int64_t> last_transfer_bytes{0};
 
   // The unknown dimensions as (argument, dimension >= 0), checked against `signature`.
   std::vector<std::pair<size_t, size_t>> unknown_dims(const std::vector<ArgSignature>& signature) const {
@@ -142,8 +160,9 @@ class FunctionCore {
       const auto arg = static_cast<size_t>(u.argument);
       if (u.argument < 0 || arg >= signature.size() || !signature[arg].is_tensor || signature[arg].tensor_count != 1 ||
           !signature[arg].value.empty()) {
+        const size_t arguments = signature.size() - (!signature.empty() && signature.back().is_scope ? 1 : 0);
         fail<InvalidArgument>("{}: unknown_dims names argument {}, which is not a Tensor argument; got {} arguments",
-                              options.name, u.argument, signature.size());
+                              options.name, u.argument, arguments);
       }
       const Shape& shape = signature[arg].shape;
       const int64_t rank = static_cast<int64_t>(shape.size());
@@ -258,7 +277,7 @@ int TracedCore::finish_trace(const std::vector<ArgSignature>& signature, Builder
     optimize(*graph, passes);
   }
   entry->graph = graph;
-  entry->plan = std::make_unique<Plan>(graph, dynamic);
+  entry->executable = std::make_unique<Executable>(graph, dynamic);
 
   std::lock_guard lock(core_->mutex);
   // Why this trace: the differences from the closest signature already cached.
@@ -301,12 +320,24 @@ std::vector<Tensor> TracedCore::run(int entry, std::span<const Tensor> tensor_ar
     std::lock_guard lock(core_->mutex);
     e = core_->entries.at(static_cast<size_t>(entry));
   }
-  if (!core_->options.collect_step_stats) return e->plan->run(tensor_args);
+  if (e->executable->num_partitions() == 1 && !core_->options.collect_step_stats) {
+    std::vector<Tensor> outputs = e->executable->run(tensor_args);
+    if (core_->last_transfers.load(std::memory_order_relaxed) != 0) {
+      core_->last_transfers.store(0, std::memory_order_relaxed);
+      core_->last_transfer_bytes.store(0, std::memory_order_relaxed);
+    }
+    return outputs;
+  }
   StepStats stats;
-  std::vector<Tensor> outputs = e->plan->run(tensor_args, &stats);
+  stats.record_nodes = core_->options.collect_step_stats;
+  std::vector<Tensor> outputs = e->executable->run(tensor_args, &stats);
+  core_->last_transfers.store(stats.transfers, std::memory_order_relaxed);
+  core_->last_transfer_bytes.store(stats.bytes_transferred, std::memory_order_relaxed);
   std::lock_guard lock(core_->mutex);
-  core_->last_stats = std::move(stats);
-  core_->last_used = entry;
+  if (core_->options.collect_step_stats) {
+    core_->last_stats = std::move(stats);
+    core_->last_used = entry;
+  }
   return outputs;
 }
 
@@ -326,20 +357,36 @@ const std::string& TracedCore::last_retrace_reason() const {
 }
 
 
+TransferStats TracedCore::last_transfer_stats() const {
+  return TransferStats{core_->last_transfers.load(std::memory_order_relaxed),
+                       core_->last_transfer_bytes.load(std::memory_order_relaxed)};
+}
+
 std::string TracedCore::timeline_json() const {
   std::lock_guard lock(core_->mutex);
   if (core_->last_used < 0) return "{\"traceEvents\":[]}";
   const Graph& graph = *core_->entries[static_cast<size_t>(core_->last_used)]->graph;
-  std::string json = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[";
-  bool first = true;
+  // One timeline process per device (named by a metadata event), one row per thread.
+  std::vector<std::string> events;
+  std::vector<Device> devices;
+  auto process_of = [&](Device d) {
+    const auto found = std::find(devices.begin(), devices.end(), d);
+    if (found != devices.end()) return static_cast<int>(found - devices.begin()) + 1;
+    devices.push_back(d);
+    events.push_back(fmt::format("{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"{}\"}}}}",
+                                 devices.size(), d));
+    return static_cast<int>(devices.size());
+  };
   for (const StepStats::NodeRun& run : core_->last_stats.nodes) {
     const Node& node = graph.node(run.node);
-    json += fmt::format("{}{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":1,\"tid\":{}}}",
-                        first ? "" : ",", json_escape(node.name), node.op ? node.op->name : "", static_cast<double>(run.start_ns) / 1e3,
-                        static_cast<double>(run.end_ns - run.start_ns) / 1e3, run.thread);
-    first = false;
+    const int pid = process_of(node.device);
+    events.push_back(fmt::format(
+        "{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":{},\"tid\":{}}}",
+        json_escape(node.name), node.op ? node.op->name : "", static_cast<double>(run.start_ns) / 1e3,
+        static_cast<double>(run.end_ns - run.start_ns) / 1e3, pid, run.thread));
   }
-  return json + fmt::format("],\"wall_ns\":{}}}", core_->last_stats.wall_ns);
+  return fmt::format("{{\"displayTimeUnit\":\"ns\",\"traceEvents\":[{}],\"wall_ns\":{}}}", fmt::join(events, ","),
+                     core_->last_stats.wall_ns);
 }
 
 }  // namespace detail

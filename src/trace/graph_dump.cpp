@@ -147,7 +147,25 @@ std::string Graph::to_dot() const {
       }
       dot += fmt::format("  n{} -> n{} [label=\"{}\"];\n", in.node, i, edge);
     }
-    for (int32_t c : n.control_inputs) dot += fmt::format("  n{} -> n{} [style=dashed];\n", c, i);
+    for (int32_t c : n.control_inputs) {
+      // A recv's control input is its send: in the partitioned graph that edge is the rendezvous.
+      const bool rendezvous = n.kind == NodeKind::op && n.op->name == "recv";
+      dot += fmt::format("  n{} -> n{} [{}];\n", c, i,
+                         rendezvous ? "style=bold, color=red, label=\"rendezvous\"" : "style=dashed");
+    }
+  }
+  // One box per device when the graph spans several (its partitions).
+  std::vector<std::pair<Device, std::string>> clusters;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (nodes_[i].removed) continue;
+    auto it = std::find_if(clusters.begin(), clusters.end(), [&](const auto& c) { return c.first == nodes_[i].device; });
+    if (it == clusters.end()) it = clusters.insert(clusters.end(), {nodes_[i].device, std::string()});
+    it->second += fmt::format(" n{};", i);
+  }
+  if (clusters.size() > 1) {
+    for (const auto& [device, members] : clusters) {
+      dot += fmt::format("  subgraph \"cluster_{0}\" {{ label=\"{0}\"; style=rounded;{1} }}\n", device, members);
+    }
   }
   return dot + "}\n";
 }

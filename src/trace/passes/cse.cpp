@@ -1,9 +1,9 @@
 // eliminate_common_subexpressions: nodes that compute the same value become one.
 //
-// Two op nodes are the same when they have the same op, device, inputs, control inputs and
-// attributes (compared through the op's describe_attributes, which prints every field; an op that
-// has attributes but no describe_attributes merges only nodes sharing one attribute object). Two
-// constants are the same when they are the same view of the same storage, or are small (at most
+// Two op nodes are the same when they have the same op, device (and device request and colocation),
+// inputs, control inputs and attributes (compared through the op's describe_attributes, which
+// prints every field; an op that has attributes but no describe_attributes merges only nodes sharing
+// one attribute object). Two constants are the same when they are the same view of the same storage, or are small (at most
 // kMaxComparedElements) host tensors with equal dtype, shape and bytes.
 //
 // Relies on: nodes() in topological order (a forward sweep has already merged a node's inputs, so
@@ -59,7 +59,10 @@ std::optional<std::string> constant_key(const Node& n) {
 // the same key.
 std::optional<std::string> op_key(const Node& n) {
   if (n.is_stateful()) return std::nullopt;
-  std::string key = fmt::format("op {} {} in", static_cast<const void*>(n.op), n.device);
+  // The placement constraints count too: nodes recorded in different DeviceScopes, or colocated
+  // with different variables, may land on different devices.
+  std::string key = fmt::format("op {} {} requested {} colocate {} in", static_cast<const void*>(n.op), n.device,
+                                n.requested_device ? n.requested_device->str() : "none", n.colocate_with);
   for (const ValueRef& in : n.inputs) key += fmt::format(" {}:{}", in.node, in.output);
   key += " control";
   for (int32_t c : n.control_inputs) key += fmt::format(" {}", c);

@@ -3,7 +3,10 @@
 // those every pass keeps).
 #pragma once
 
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "flowlet/graph.hpp"
 
@@ -36,6 +39,24 @@ void place(Graph& graph);
 void fuse_variable_updates(Graph& graph);
 // Chains of elementwise ops over same-shaped tensors become one fused node.
 void fuse_elementwise(Graph& graph);
+
+// Every edge between devices becomes a Send/Recv pair (see partition.cpp). Runs after place().
+void insert_send_recv(Graph& graph);
+
+// One device's part of a graph that insert_send_recv() processed.
+struct GraphPartition {
+  Device device;
+  std::shared_ptr<Graph> graph;        // the device's nodes, in the whole graph's order
+  std::vector<int32_t> global_ids;     // node id in the partition -> node id in the whole graph
+  std::vector<int32_t> sends;          // its send nodes (also effects of the partition)
+};
+struct PartitionedGraph {
+  std::vector<GraphPartition> partitions;                // in order of first node
+  std::vector<std::pair<int32_t, int32_t>> outputs;      // per graph output: (partition, its output index)
+  int32_t slots = 0;                                     // rendezvous slots (Send/Recv pairs)
+};
+// Cuts a graph into one graph per device; the rendezvous replaces each Send->Recv control edge.
+PartitionedGraph split_partitions(const Graph& graph);
 
 // All of the above, in order, then prune and compact; dumps around each pass when asked.
 void optimize(Graph& graph, const PassOptions& options = {});

@@ -2,7 +2,8 @@
 //
 // Order: prune first (later passes then skip dead code), simplify (exposes constants and
 // duplicates), fold, CSE (folded constants and simplified nodes merge), simplify again (CSE and
-// folding create new x*1 and neg(neg(x)) shapes), fuse, prune what the rewrites left unused, compact.
+// folding create new x*1 and neg(neg(x)) shapes), place, fuse, prune what the rewrites left unused,
+// then cut the edges between devices into Send/Recv pairs (which also compacts the node list).
 // Relies on and keeps what every pass does (flowlet/graph.hpp); in builds without NDEBUG,
 // check_invariants() runs after each pass (and after its dump, so the broken graph is on disk).
 #include <atomic>
@@ -85,7 +86,7 @@ void optimize(Graph& graph, const PassOptions& options) {
   run("fuse_variable_updates", options.fuse_variable_updates, &fuse_variable_updates);
   run("fuse_elementwise", options.fuse_elementwise, &fuse_elementwise);
   run("prune", true, &prune);
-  run("compact", true, [](Graph& g) { g.compact(); });
+  run("insert_send_recv", true, &insert_send_recv);  // also compacts
 }
 
 }  // namespace flowlet::detail

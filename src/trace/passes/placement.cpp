@@ -5,14 +5,21 @@
 //      error, not a silent move;
 //   3. kernel availability: a node whose device has no kernel for its op falls back to a device
 //      that has one (soft placement), and says so;
-//   4. a cost rule for the rest: follow the inputs, preferring the device of the largest input
-//      (fewest bytes cross devices); nodes without inputs, and ops that chose a device themselves
-//      (a copy with .to(device)), keep the device they were traced with.
+//   4. a cost rule for the rest, so that few bytes cross devices:
+//      a. a node whose every consumer ends up on one device D (by rules 1-2, or by this rule), and
+//         whose output is at least as large as its inputs (constants aside: each device gets its own
+//         copy), runs on D: the scatter-add of an embedding gradient joins the table's update there,
+//         so the gathered rows cross, not a table-sized gradient;
+//      b. otherwise it follows its inputs, preferring the device of the largest input;
+//      nodes without inputs or consumers, and ops that chose a device themselves (a copy with
+//      .to(device)), keep the device they were traced with.
 // Every op node ends with `device` set and `placement_reason` saying which rule decided.
 //
 // Relies on: graph invariants (flowlet/graph.hpp), so inputs are placed before their consumers.
 // Keeps: graph structure (no node or edge changes); only `device` and `placement_reason` change.
+#include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include "core/check.hpp"
 #include "ops/state.hpp"
@@ -35,9 +42,51 @@ std::string available_devices(DeviceKind kind) {
   return fmt::format("{0}:0 .. {0}:{1}", device_kind_name(kind), count - 1);
 }
 
-bool has_kernel(const Node& n, Device d) { return n.op->kernels[static_cast<size_t>(d.kind())] != nullptr; }
+bool has_kernel(const Node& n, Device d) { return n.op->runs_on(d.kind()); }
 
 int64_t bytes_of(const TensorMeta& meta) { return meta.shape.numel() * static_cast<int64_t>(dtype_size(meta.dtype)); }
+
+// Rule 4a, decided backwards (consumers before producers): the device each node joins, if any.
+std::vector<std::optional<Device>> join_consumers(
+    const Graph& graph, const std::unordered_map<const VariableState*, Device>& variable_devices) {
+  const size_t n = graph.nodes().size();
+  std::vector<std::vector<int32_t>> consumers(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Node& node = graph.nodes()[i];
+    if (node.removed) continue;
+    for (const ValueRef& in : node.inputs) consumers[static_cast<size_t>(in.node)].push_back(static_cast<int32_t>(i));
+  }
+  std::vector<std::optional<Device>> target(n);  // pinned (rules 1-2) or joined
+  std::vector<std::optional<Device>> joined(n);
+  for (size_t i = n; i-- > 0;) {
+    const Node& node = graph.nodes()[i];
+    if (node.removed || node.kind != NodeKind::op) continue;
+    if (const VariableState* v = variable_of(node)) {
+      target[i] = variable_devices.at(v);
+      continue;
+    }
+    if (node.requested_device) {
+      target[i] = *node.requested_device;
+      continue;
+    }
+    if (node.op->has_flag(kPlacesOutput) || consumers[i].empty()) continue;
+    std::optional<Device> common = target[static_cast<size_t>(consumers[i][0])];
+    for (int32_t c : consumers[i]) {
+      if (!common || target[static_cast<size_t>(c)] != common) {
+        common.reset();
+        break;
+      }
+    }
+    if (!common) continue;
+    int64_t output_bytes = 0, input_bytes = 0;
+    for (const TensorMeta& meta : node.outputs) output_bytes += bytes_of(meta);
+    for (const ValueRef& in : node.inputs) {
+      if (graph.node(in.node).kind != NodeKind::constant) input_bytes += bytes_of(graph.meta(in));
+    }
+    if (output_bytes >= input_bytes) target[i] = joined[i] = common;
+  }
+  return joined;
+}
 
 }  // namespace
 
@@ -51,6 +100,7 @@ void place(Graph& graph) {
       variable_devices.emplace(v, v->value.device());
     }
   }
+  const std::vector<std::optional<Device>> joined = join_consumers(graph, variable_devices);
   for (size_t i = 0; i < graph.nodes().size(); ++i) {
     Node& n = graph.node(static_cast<int32_t>(i));
     if (n.removed) continue;
@@ -73,6 +123,10 @@ void place(Graph& graph) {
     } else if (n.requested_device) {  // rule 1
       n.device = *n.requested_device;
       n.placement_reason = "requested";
+    } else if (joined[i]) {  // rule 4a
+      n.device = *joined[i];
+      n.placement_reason = fmt::format("joins its consumers on {} (its output is at least as large as its inputs)",
+                                       n.device);
     } else if (n.op->has_flag(kPlacesOutput)) {
       // The op chose its device itself (a copy with .to(device)): moving it would change its result.
       n.placement_reason = fmt::format("the op's own device (a copy to {})", n.device);
@@ -83,7 +137,7 @@ void place(Graph& graph) {
       }
       const Node& producer = graph.node(largest->node);
       n.device = producer.device;
-      n.placement_reason = fmt::format("follows its largest input '{}'", producer.name);
+      n.placement_reason = fmt::format("follows its largest input '{}'", producer.name);  // rule 4b
     } else {
       n.placement_reason = "as traced";
     }

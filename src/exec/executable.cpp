@@ -1,0 +1,65 @@
+#include "exec/executable.hpp"
+
+#include <chrono>
+
+#include "exec/rendezvous.hpp"
+#include "exec/thread_pool.hpp"
+
+namespace flowlet::detail {
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+Executable::Executable(std::shared_ptr<const Graph> graph, bool dynamic_shapes) : graph_(std::move(graph)) {
+  partitioned_ = split_partitions(*graph_);
+  if (partitioned_.partitions.size() <= 1) {
+    plans_.push_back(std::make_unique<Plan>(graph_, dynamic_shapes));
+    return;
+  }
+  for (const GraphPartition& part : partitioned_.partitions) {
+    plans_.push_back(std::make_unique<Plan>(part.graph, dynamic_shapes, part.global_ids, /*in_group=*/true));
+  }
+}
+
+std::vector<Tensor> Executable::run(std::span<const Tensor> arguments, StepStats* stats) const {
+  if (plans_.size() == 1) return plans_[0]->run(arguments, stats);
+  Rendezvous rendezvous(partitioned_.slots);
+  StepShared shared;
+  shared.context.rendezvous = &rendezvous;
+  shared.remaining = static_cast<int>(plans_.size());
+  if (stats) {
+    stats->nodes.clear();
+    if (stats->record_nodes) shared.stats = stats;
+    shared.start_ns = now_ns();
+  }
+  // A cancelled step wakes its parked Recvs (they fail with Cancelled; the first error wins).
+  shared.cancellation.on_cancel([&rendezvous] {
+    rendezvous.abort(std::make_exception_ptr(Cancelled("the step was cancelled: another node failed")));
+  });
+  std::vector<Plan::StepPtr> steps;
+  steps.reserve(plans_.size());
+  for (const auto& plan : plans_) steps.push_back(plan->make_step(shared, arguments));
+  // Every partition but the first starts on a pool thread; the caller runs the first, then waits.
+  for (size_t p = 1; p < plans_.size(); ++p) schedule(&Plan::start_task, steps[p].get());
+  plans_[0]->start(*steps[0]);
+  shared.wait();
+  if (stats) {
+    stats->wall_ns = now_ns() - shared.start_ns;
+    stats->bytes_transferred = rendezvous.bytes_moved();
+    stats->transfers = rendezvous.transfers();
+  }
+  if (shared.error) rethrow_from_node(shared.error, *shared.error_node);
+  std::vector<Tensor> outputs;
+  outputs.reserve(partitioned_.outputs.size());
+  for (const auto& [p, i] : partitioned_.outputs) {
+    outputs.push_back(plans_[static_cast<size_t>(p)]->output(*steps[static_cast<size_t>(p)], static_cast<size_t>(i)));
+  }
+  return outputs;
+}
+
+}  // namespace flowlet::detail
