@@ -180,7 +180,7 @@ TEST_CASE("a gather on a variable runs where the table lives: only indices and r
   const fl::Graph& g = lookup.graph(ids);
   CHECK(nodes_running(g, "gather").at(0)->device == fl::Device("cpu:1"));
 
-  // A training step: the gradient's scatter-add joins the table's update on cpu:1.
+  // A training step: the gradient's scatter-add runs with its forward gather, next to the table.
   fl::optim::SGD opt(0.5);
   auto train = fl::trace([&](fl::Tensor ids) {
     fl::GradientTape tape;
@@ -203,7 +203,7 @@ TEST_CASE("a gather on a variable runs where the table lives: only indices and r
   const fl::Graph& tg = train.graph(ids);
   for (const fl::Node* n : nodes_running(tg, "scatter_add")) {
     CHECK(n->device == fl::Device("cpu:1"));
-    CHECK(n->placement_reason.find("joins its consumers on cpu:1") != std::string::npos);
+    CHECK(n->placement_reason.find("with its forward op 'gather") != std::string::npos);
   }
   // The update matches the same step done eagerly: row r moves by -0.5 * 2 * picked * count(r).
   const std::vector<double> after = test::values(table.value());
@@ -335,4 +335,103 @@ TEST_CASE("the DOT text of a multi-device graph draws one box per device and the
   CHECK(dot.find("label=\"rendezvous\"") != std::string::npos);
   auto g = fl::trace([](fl::Tensor x) { return fl::exp(x); });
   CHECK(g.graph(fl::ones({3})).to_dot().find("cluster") == std::string::npos);  // one device: no boxes
+}
+
+TEST_CASE("gradient ops run where their forward ops ran, and a variable read inside another scope stays home") {
+  ensure_devices();
+  fl::Variable w(fl::randn({32, 8}, 3).to(fl::Device("cpu:1")), "w1");
+  const fl::Tensor w0 = w.value().to(fl::Device("cpu:0"));
+  fl::optim::SGD opt(0.1);
+  auto step = fl::trace([&](fl::Tensor x) {
+    fl::GradientTape tape;
+    fl::Tensor h;
+    {
+      fl::DeviceScope scope(fl::Device("cpu:1"));
+      h = fl::relu(fl::matmul(x, w));
+    }
+    fl::Tensor loss;
+    {
+      fl::DeviceScope scope(fl::Device("cpu:0"));
+      loss = fl::sum(h * fl::matmul(x, w));  // reads w inside cpu:0's scope: fine, the read stays on cpu:1
+    }
+    opt.apply(tape.gradient(loss, {w}), {w});
+    return loss;
+  });
+  const fl::Tensor x = fl::randn({16, 32}, 4);
+  const fl::Tensor loss = step(x);
+  // The same step eagerly, on one device.
+  const fl::Tensor y = fl::matmul(x, w0);
+  CHECK(loss.item<float>() == doctest::Approx(fl::sum(fl::relu(y) * y).item<float>()).epsilon(1e-5));
+  const fl::Graph& g = step.graph(x);
+  int gradient_matmuls = 0;
+  for (const fl::Node& n : g.nodes()) {
+    if (n.op == nullptr || n.op->name != "matmul" || n.gradient_of < 0) continue;
+    ++gradient_matmuls;
+    CHECK(n.placement_reason.find("with its forward op") != std::string::npos);
+    CHECK(n.device == g.node(n.gradient_of).device);
+  }
+  CHECK(gradient_matmuls >= 2);
+  for (const fl::Node* r : nodes_running(g, "read_variable")) {
+    CHECK(r->device == fl::Device("cpu:1"));
+    CHECK_FALSE(r->requested_device.has_value());
+  }
+  // Eager SGD on the same loss for comparison: dL/dw = x^T (relu'(y) * y + relu(y)) * 2 paths.
+  fl::Variable check(w0, "check");
+  fl::GradientTape tape;
+  fl::Tensor yy = fl::matmul(x, check);
+  fl::Tensor eager_loss = fl::sum(fl::relu(yy) * yy);
+  const fl::Tensor grad = tape.gradient(eager_loss, {check})[0];
+  const std::vector<double> expected = test::values(w0 - grad * 0.1f);
+  const std::vector<double> got = test::values(w.value());
+  REQUIRE(got.size() == expected.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(expected[i]).epsilon(1e-4));
+}
+
+TEST_CASE("a partition runs its cheap nodes (the sends others wait for) before its long chain") {
+  ensure_devices();
+  fl::TraceOptions options;
+  options.collect_step_stats = true;
+  auto f = fl::trace([](fl::Tensor a, fl::Tensor b, fl::Tensor w) {
+    fl::Tensor left = a, right = b;
+    {
+      fl::DeviceScope scope(fl::Device("cpu:0"));
+      for (int i = 0; i < 3; ++i) left = fl::matmul(left, w);
+    }
+    {
+      fl::DeviceScope scope(fl::Device("cpu:1"));
+      for (int i = 0; i < 3; ++i) right = fl::matmul(right, w);
+    }
+    return std::vector<fl::Tensor>{left, right};
+  }, options);
+  const fl::Tensor a = fl::randn({256, 256}, 1), b = fl::randn({256, 256}, 2), w = fl::randn({256, 256}, 3) * 0.05f;
+  f(a, b, w);
+  const fl::Graph& g = f.graph(a, b, w);
+  // Run several times: the order is decided by the executor, not by timing.
+  for (int run = 0; run < 3; ++run) {
+    f(a, b, w);
+    const std::string json = f.timeline_json();
+    // Every send starts before cpu:0's first matmul ends.
+    auto field = [&](size_t at, std::string_view key) {
+      const size_t k = json.find(fmt::format("\"{}\":", key), at);
+      return std::stod(json.substr(k + key.size() + 3));
+    };
+    double first_matmul_end = 1e300, last_send_start = -1;
+    for (size_t at = json.find("\"name\":\""); at != std::string::npos; at = json.find("\"name\":\"", at + 1)) {
+      const std::string name = json.substr(at + 8, json.find('"', at + 8) - at - 8);
+      if (name.rfind("send_", 0) == 0) last_send_start = std::max(last_send_start, field(at, "ts"));
+      if (name.rfind("matmul", 0) == 0) {
+        const int id = [&] {
+          for (size_t i = 0; i < g.nodes().size(); ++i) {
+            if (g.nodes()[i].name == name) return static_cast<int>(i);
+          }
+          return -1;
+        }();
+        if (id >= 0 && g.node(id).device == fl::Device("cpu:0")) {
+          first_matmul_end = std::min(first_matmul_end, field(at, "ts") + field(at, "dur"));
+        }
+      }
+    }
+    REQUIRE(last_send_start >= 0);
+    CHECK(last_send_start < first_matmul_end);
+  }
 }

@@ -60,6 +60,7 @@ struct Node {
   Device device;                            // where it runs
   std::optional<Device> requested_device;   // kind == op: the DeviceScope it was recorded in, for the placer
   const void* colocate_with = nullptr;      // kind == op: the ColocateWith variable's identity(), or null
+  int32_t gradient_of = -1;                 // kind == op: the forward node whose gradient rule recorded it, or -1
   std::string placement_reason;             // why `device` (the placer's answer; empty before it ran)
   int32_t argument = -1;                    // kind == argument
   Tensor value;                             // kind == constant

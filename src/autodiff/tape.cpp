@@ -15,6 +15,7 @@
 #include "flowlet/ops/creation.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/ops/reduce.hpp"
+#include "trace/tracer.hpp"
 
 namespace flowlet {
 namespace detail {
@@ -115,7 +116,16 @@ std::unordered_map<const TensorImpl*, Tensor> backward(TapeState& tape, const Te
       if (tape.tracks(node->inputs[i])) wanted |= uint64_t{1} << i;
     }
     const GradCall call{*node->op, node->inputs, node->outputs, node->attributes.get(), wanted};
-    node->op->grad(call, output_grads, input_grads);
+    {
+      // While tracing, the rule's nodes remember the forward node, so they run on its device.
+      int32_t forward = -1;
+      if (const TraceBuilder* trace = active_trace(); trace && !node->outputs.empty() &&
+          node->outputs[0].impl_ptr()->trace_id == trace->id()) {
+        forward = node->outputs[0].impl_ptr()->trace_node;
+      }
+      GradientOfScope gradient_of(forward);
+      node->op->grad(call, output_grads, input_grads);
+    }
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const Tensor& input = node->inputs[i];
       if (!input_grads[i].defined() || !tape.tracks(input)) continue;

@@ -345,8 +345,20 @@ void Plan::run_sequential(Step& step) const {
 
 void Plan::drain(Step& step, std::vector<int32_t>& ready) const {
   while (!ready.empty()) {
-    const int32_t index = ready.back();
-    ready.pop_back();
+    // Cheap nodes before expensive ones: a Send (or a small node feeding one) may be what another
+    // partition or thread waits for, and holding it back behind a long chain of big nodes would
+    // serialize the devices.
+    size_t pick = ready.size() - 1;
+    if (items_[static_cast<size_t>(ready[pick])].expensive) {
+      for (size_t k = pick; k-- > 0;) {
+        if (!items_[static_cast<size_t>(ready[k])].expensive) {
+          pick = k;
+          break;
+        }
+      }
+    }
+    const int32_t index = ready[pick];
+    ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(pick));
     if (run_item(step, index)) finish_item(step, index, ready);
   }
 }

@@ -94,6 +94,9 @@ Tensor record_variable_read(const std::shared_ptr<VariableState>& state) {
   spec.device = value.device();
   std::array<Tensor, 1> out;
   const int32_t node = trace->record(read_variable_op, {}, &attrs, spec, out, state.get(), /*writes=*/false);
+  // A read runs where the variable lives, whatever scope it is in (eagerly too: the value is
+  // copied to the scope's device by the op that uses it), so it carries no request.
+  trace->graph().node(node).requested_device.reset();
   trace->graph().node(node).name = fmt::format("read_{}_{}", state->name.empty() ? "variable" : state->name, node);
   return out[0];
 }

@@ -80,6 +80,7 @@ void Graph::compact() {
     // A control input on a removed node is dropped: what it ordered no longer exists.
     std::erase_if(n.control_inputs, [&](int32_t c) { return new_id.at(static_cast<size_t>(c)) < 0; });
     for (int32_t& c : n.control_inputs) c = new_id[static_cast<size_t>(c)];
+    if (n.gradient_of >= 0) n.gradient_of = new_id.at(static_cast<size_t>(n.gradient_of));  // -1 if it went
   }
   for (ValueRef& out : outputs_) out.node = remap(out.node);
   for (int32_t& e : effects_) e = remap(e);

@@ -8,6 +8,14 @@
 #include "trace/source_trace.hpp"
 
 namespace flowlet::detail {
+
+namespace {
+thread_local int32_t current_gradient_of = -1;
+}  // namespace
+
+GradientOfScope::GradientOfScope(int32_t forward) : previous_(current_gradient_of) { current_gradient_of = forward; }
+GradientOfScope::~GradientOfScope() { current_gradient_of = previous_; }
+
 namespace {
 
 [[gnu::tls_model("initial-exec")]] thread_local TraceBuilder* active = nullptr;
@@ -87,6 +95,7 @@ int32_t TraceBuilder::record(const Op& op, std::span<const Tensor> inputs, const
     n.requested_device = scope->requested;
     n.colocate_with = scope->colocate_with;
   }
+  n.gradient_of = current_gradient_of;
   n.source = capture_source();
   const int32_t id = graph_.add_node(std::move(n));
   for (int i = 0; i < spec.count; ++i) {

@@ -60,6 +60,19 @@ class TraceBuilder {
 // The trace being recorded on this thread, or null (the eager case).
 TraceBuilder* active_trace();
 
+// While a gradient rule runs for traced forward node `forward`, the nodes it records remember it
+// (Node::gradient_of), so the placer can run them where the forward op runs.
+class GradientOfScope {
+ public:
+  explicit GradientOfScope(int32_t forward);
+  ~GradientOfScope();
+  GradientOfScope(const GradientOfScope&) = delete;
+  GradientOfScope& operator=(const GradientOfScope&) = delete;
+
+ private:
+  int32_t previous_;
+};
+
 // Makes `builder` the active trace of this thread for the scope's lifetime (null: run eagerly).
 class ActiveTraceScope {
  public:

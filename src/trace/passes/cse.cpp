@@ -1,6 +1,7 @@
 // eliminate_common_subexpressions: nodes that compute the same value become one.
 //
-// Two op nodes are the same when they have the same op, device (and device request and colocation),
+// Two op nodes are the same when they have the same op, device (and device request, colocation and
+// the forward node they are a gradient of),
 // inputs, control inputs and attributes (compared through the op's describe_attributes, which
 // prints every field; an op that has attributes but no describe_attributes merges only nodes sharing
 // one attribute object). Two constants are the same when they are the same view of the same storage, or are small (at most
@@ -61,8 +62,9 @@ std::optional<std::string> op_key(const Node& n) {
   if (n.is_stateful()) return std::nullopt;
   // The placement constraints count too: nodes recorded in different DeviceScopes, or colocated
   // with different variables, may land on different devices.
-  std::string key = fmt::format("op {} {} requested {} colocate {} in", static_cast<const void*>(n.op), n.device,
-                                n.requested_device ? n.requested_device->str() : "none", n.colocate_with);
+  std::string key = fmt::format("op {} {} requested {} colocate {} gradient_of {} in", static_cast<const void*>(n.op),
+                                n.device, n.requested_device ? n.requested_device->str() : "none", n.colocate_with,
+                                n.gradient_of);
   for (const ValueRef& in : n.inputs) key += fmt::format(" {}:{}", in.node, in.output);
   key += " control";
   for (int32_t c : n.control_inputs) key += fmt::format(" {}", c);

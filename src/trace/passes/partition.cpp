@@ -44,6 +44,7 @@ class SendRecvInserter {
         std::erase_if(n.control_inputs, [&](int32_t c) { return old_[static_cast<size_t>(c)].removed; });
         for (int32_t& c : n.control_inputs) c = control_on(new_id(c), n.device);
       }
+      if (n.gradient_of >= 0) n.gradient_of = new_id_.at(static_cast<size_t>(n.gradient_of));  // -1 if removed
       new_id_[i] = emit(std::move(n));
     }
     std::vector<ValueRef> outputs = graph_.outputs();

@@ -3,6 +3,8 @@
 //   2. colocation groups: a variable and every op that reads or updates its state (and ops a user
 //      put in a ColocateWith scope) run where the variable lives; a request that disagrees is an
 //      error, not a silent move;
+//   2b. gradient ops run where their forward op runs (what TensorFlow calls colocating gradients
+//      with ops): the backward pass of a layer stays on the layer's device;
 //   3. kernel availability: a node whose device has no kernel for its op falls back to a device
 //      that has one (soft placement), and says so;
 //   4. a cost rule for the rest, so that few bytes cross devices:
@@ -46,6 +48,13 @@ bool has_kernel(const Node& n, Device d) { return n.op->runs_on(d.kind()); }
 
 int64_t bytes_of(const TensorMeta& meta) { return meta.shape.numel() * static_cast<int64_t>(dtype_size(meta.dtype)); }
 
+// The live forward node whose gradient rule recorded `n`, or null.
+const Node* forward_of(const Graph& graph, const Node& n) {
+  if (n.gradient_of < 0 || static_cast<size_t>(n.gradient_of) >= graph.nodes().size()) return nullptr;
+  const Node& forward = graph.node(n.gradient_of);
+  return forward.removed ? nullptr : &forward;
+}
+
 // Rule 4a, decided backwards (consumers before producers): the device each node joins, if any.
 std::vector<std::optional<Device>> join_consumers(
     const Graph& graph, const std::unordered_map<const VariableState*, Device>& variable_devices) {
@@ -69,7 +78,7 @@ std::vector<std::optional<Device>> join_consumers(
       target[i] = *node.requested_device;
       continue;
     }
-    if (node.op->has_flag(kPlacesOutput) || consumers[i].empty()) continue;
+    if (node.op->has_flag(kPlacesOutput) || consumers[i].empty() || forward_of(graph, node)) continue;
     std::optional<Device> common = target[static_cast<size_t>(consumers[i][0])];
     for (int32_t c : consumers[i]) {
       if (!common || target[static_cast<size_t>(c)] != common) {
@@ -123,6 +132,9 @@ void place(Graph& graph) {
     } else if (n.requested_device) {  // rule 1
       n.device = *n.requested_device;
       n.placement_reason = "requested";
+    } else if (const Node* forward = n.op->has_flag(kPlacesOutput) ? nullptr : forward_of(graph, n)) {  // rule 2b
+      n.device = forward->device;
+      n.placement_reason = fmt::format("with its forward op '{}' (a gradient)", forward->name);
     } else if (joined[i]) {  // rule 4a
       n.device = *joined[i];
       n.placement_reason = fmt::format("joins its consumers on {} (its output is at least as large as its inputs)",
