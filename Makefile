@@ -9,7 +9,15 @@ BENCH_PACKAGES := libtorch-dev
 RELEASE := build/release
 RELEASE_OPTIONS := --buildtype=release -Db_ndebug=if-release
 # -O1: sanitizer instrumentation at -O2 makes the kernel files several times slower to compile.
-SANITIZER_OPTIONS := -Db_lundef=false --buildtype=plain -Doptimization=1 -Ddebug=true
+# CUDA off: nvcc does not take the sanitizer flags, and the GPU code cannot run here anyway.
+SANITIZER_OPTIONS := -Db_lundef=false --buildtype=plain -Doptimization=1 -Ddebug=true -Dcuda=disabled
+
+# The CUDA backend builds when Meson finds nvcc, which it looks for on PATH only: the toolkit's
+# usual home counts too, so CUDA code compiles and links wherever the toolkit is installed.
+CUDA_BIN := $(wildcard /usr/local/cuda/bin)
+ifneq ($(CUDA_BIN),)
+export PATH := $(CUDA_BIN):$(PATH)
+endif
 
 comma := ,
 # $(call configure,BUILD_DIR,SETUP_OPTIONS): `meson setup` once; later builds reconfigure themselves.
