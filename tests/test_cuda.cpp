@@ -8,7 +8,11 @@
 // the reference, and the first test fails when an op gains a CUDA kernel without a row here.
 #include <flowlet_config.hpp>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -290,6 +294,35 @@ TEST_CASE("every op with a CUDA kernel has a row in the CUDA table, and a build 
   for (const std::string& name : rows) CHECK_MESSAGE(fl::find_op(name) != nullptr, "row '" << name << "' names no op");
 }
 
+TEST_CASE("the graph-only ops of a traced training step run on CUDA in a build with CUDA; fused_elementwise stays on the CPU") {
+  (void)fl::device_count(fl::DeviceKind::cuda);  // as any use of a GPU does first: the backend registers its kernels
+  fl::Variable w(fl::randn({4, 3}, 1), "w");
+  fl::Variable steps(fl::zeros({}), "steps");
+  auto step = fl::trace([&](fl::Tensor x) {
+    fl::GradientTape tape;
+    const fl::Tensor loss = fl::sum(fl::exp(fl::tanh(fl::matmul(x, w.value()))) * 2.0f);  // a chain the CPU fuses
+    w.assign_sub(tape.gradient(loss, {w})[0], 0.1);  // w -= 0.1 * (x^T @ dy): assign_matmul
+    steps.assign_add(fl::ones({}));                   // assign_variable
+    fl::host_callback([](const std::vector<fl::Tensor>&) {}, {loss});
+    return fl::print(loss, "loss");
+  });
+  std::set<std::string> seen;
+  for (const fl::Node& n : step.graph(fl::randn({5, 4}, 2)).nodes()) {
+    if (n.removed || n.kind != fl::NodeKind::op) continue;
+    const std::string name(n.op->name);
+    seen.insert(name);
+    const bool on_cuda = n.op->runs_on(fl::DeviceKind::cuda);
+    if (name == "fused_elementwise") {
+      CHECK_MESSAGE(!on_cuda, "fused_elementwise has a CUDA kernel, but the fusion pass fuses CPU nodes only");
+    } else if (FLOWLET_HAVE_CUDA) {
+      CHECK_MESSAGE(on_cuda, "op '" << name << "' of a traced step has no CUDA kernel");
+    }
+  }
+  for (const std::string name : {"read_variable", "assign_variable", "assign_matmul", "print", "host_callback"}) {
+    CHECK_MESSAGE(seen.count(name) == 1, "the traced step has no '" << name << "' node");
+  }
+}
+
 TEST_CASE("to(cuda:0) without a GPU throws DeviceError that says there are no CUDA devices and why") {
   if (have_gpu()) {
     MESSAGE("skipped: a CUDA device is visible");
@@ -466,4 +499,158 @@ TEST_CASE("a GPU tensor formats with its values and device") {
   const std::string text = fmt::format("{}", fl::arange(3, fl::i64, kGpu));
   CHECK(text.find("0") != std::string::npos);
   CHECK(text.find("device=cuda:0") != std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Variables, optimizers and traced graphs on a GPU.
+
+namespace {
+
+// What a few training steps leave: the losses and the final values of the variables.
+struct Trained {
+  std::vector<float> losses;
+  std::vector<std::vector<double>> values;
+  int fused_updates = 0;  // assign_matmul nodes in the traced graph
+};
+
+// A two-layer model trained for three steps on `device` with optimizer `which` (0: SGD, whose
+// weight updates the traced graph fuses into assign_matmul; 1: SGD with momentum; 2: Adam), traced
+// or eager. Same seeds on every device.
+Trained train(fl::Device device, int which, bool traced) {
+  std::vector<fl::Variable> vars = {fl::Variable((fl::randn({6, 8}, 1) * 0.3f).to(device), "w1"),
+                                    fl::Variable(fl::zeros({8}).to(device), "b1"),
+                                    fl::Variable((fl::randn({8, 3}, 2) * 0.3f).to(device), "w2")};
+  std::unique_ptr<fl::optim::Optimizer> opt;
+  if (which == 0) opt = std::make_unique<fl::optim::SGD>(0.1);
+  if (which == 1) opt = std::make_unique<fl::optim::SGD>(0.1, 0.9);
+  if (which == 2) opt = std::make_unique<fl::optim::Adam>(0.01);
+  const fl::Tensor x = fl::randn({16, 6}, 3).to(device);
+  const fl::Tensor labels = indices_i64({0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0}).to(device);
+  auto step = [&](fl::Tensor xb, fl::Tensor yb) {
+    fl::GradientTape tape;
+    const fl::Tensor h = fl::relu(fl::matmul(xb, vars[0].value()) + vars[1].value());
+    const fl::Tensor loss = fl::mean(fl::softmax_cross_entropy(fl::matmul(h, vars[2].value()), yb));
+    opt->apply(tape.gradient(loss, vars), vars);
+    return loss;
+  };
+  auto traced_step = fl::trace(step);
+  Trained out;
+  for (int s = 0; s < 3; ++s) out.losses.push_back((traced ? traced_step(x, labels) : step(x, labels)).item<float>());
+  for (const fl::Variable& v : vars) {
+    CHECK(v.device() == device);  // a variable never changes device
+    out.values.push_back(test::values(v.value()));
+  }
+  CHECK(opt->iterations().value().item<int64_t>() == 3);
+  if (traced) {
+    for (const fl::Node& n : traced_step.graph(x, labels).nodes()) {
+      out.fused_updates += !n.removed && n.op != nullptr && n.op->name == "assign_matmul";
+    }
+  }
+  return out;
+}
+
+// Runs fn with standard error going to a temporary file; returns what was written there.
+template <class F>
+std::string capture_stderr(F fn) {
+  std::fflush(stderr);
+  FILE* file = std::tmpfile();
+  REQUIRE(file != nullptr);
+  const int saved = dup(STDERR_FILENO);
+  dup2(fileno(file), STDERR_FILENO);
+  fn();
+  std::fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  std::string text;
+  std::rewind(file);
+  for (int c = std::fgetc(file); c != EOF; c = std::fgetc(file)) text += static_cast<char>(c);
+  std::fclose(file);
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("SGD, SGD with momentum and Adam on cuda:0 variables, traced and eager, match the CPU") {
+  if (skip_without_gpu()) return;
+  for (int which = 0; which < 3; ++which) {
+    for (bool traced : {false, true}) {
+      CAPTURE(which);
+      CAPTURE(traced);
+      const Trained cpu = train(kCpu, which, traced);
+      const Trained gpu = train(kGpu, which, traced);
+      REQUIRE(gpu.losses.size() == cpu.losses.size());
+      for (size_t s = 0; s < cpu.losses.size(); ++s) CHECK(gpu.losses[s] == doctest::Approx(cpu.losses[s]).epsilon(1e-4));
+      for (size_t i = 0; i < cpu.values.size(); ++i) test::check_values(gpu.values[i], cpu.values[i], {1e-4, 1e-5});
+      // Plain SGD: the GPU graph fuses both weight updates into cuBLAS GEMMs, as the CPU graph does.
+      CHECK(gpu.fused_updates == cpu.fused_updates);
+      if (traced) CHECK(gpu.fused_updates == (which == 0 ? 2 : 0));
+    }
+  }
+}
+
+TEST_CASE("assign, assign_add and assign_sub on a cuda:0 variable, eager and traced") {
+  if (skip_without_gpu()) return;
+  fl::Variable v(fl::arange(4, fl::f32, kGpu), "v");
+  CHECK(v.device() == kGpu);
+  v.assign_add(fl::ones({4}, fl::f32, kGpu));
+  CHECK(test::values(v.value()) == std::vector<double>{1, 2, 3, 4});
+  const fl::Tensor held = v.value();  // a reader keeps the value it read
+  v.assign_sub(fl::full({4}, 2.0, fl::f32, kGpu), 0.5);
+  CHECK(test::values(v.value()) == std::vector<double>{0, 1, 2, 3});
+  CHECK(test::values(held) == std::vector<double>{1, 2, 3, 4});
+  v.assign(fl::full({4}, 5.0, fl::f32, kGpu));
+  CHECK(test::values(v.value()) == std::vector<double>{5, 5, 5, 5});
+  // An update on another device is an error outside a device scope, as on the CPU.
+  test::check_throws<fl::DeviceError>([&] { v.assign_add(fl::ones({4})); }, {"assign_add", "'v'", "cuda:0"});
+  auto bump = fl::trace([&] { v.assign_add(fl::ones({4}, fl::f32, kGpu), 2.0); });
+  bump();
+  bump();
+  CHECK(test::values(v.value()) == std::vector<double>{9, 9, 9, 9});
+  CHECK(v.device() == kGpu);
+  for (const fl::Node& n : bump.graph().nodes()) {
+    if (!n.removed && n.op != nullptr && n.op->name == "assign_variable") CHECK(n.device == kGpu);
+  }
+}
+
+TEST_CASE("print of a cuda:0 tensor writes its values, eagerly and in a traced function, and returns it") {
+  if (skip_without_gpu()) return;
+  const fl::Tensor t = fl::tensor({1.5f, -2.0f}).to(kGpu);
+  fl::Tensor returned;
+  const std::string eager = capture_stderr([&] { returned = fl::print(t, "gpu"); });
+  CHECK(eager.find("gpu: tensor([1.5, -2]") != std::string::npos);
+  CHECK(eager.find("device=cuda:0") != std::string::npos);
+  CHECK(returned.device() == kGpu);
+  CHECK(test::values(returned) == std::vector<double>{1.5, -2});
+  auto f = fl::trace([](fl::Tensor x) { return fl::print(x * 2.0f, "doubled"); });
+  fl::Tensor out;
+  const std::string traced = capture_stderr([&] { out = f(t); });
+  CHECK(traced.find("doubled: tensor([3, -4]") != std::string::npos);
+  CHECK(traced.find("device=cuda:0") != std::string::npos);
+  CHECK(out.device() == kGpu);
+  CHECK(test::values(out) == std::vector<double>{3, -4});
+}
+
+TEST_CASE("a host callback on cuda:0 tensors gets host copies, eagerly and in a traced function") {
+  if (skip_without_gpu()) return;
+  std::vector<float> seen;
+  auto look = [&](const std::vector<fl::Tensor>& v) {
+    REQUIRE(v.size() == 1);
+    CHECK(v[0].device() == kCpu);
+    seen.push_back(v[0].data<float>()[1]);  // an element read on the host
+  };
+  fl::host_callback(look, {fl::tensor({1.0f, 2.0f}).to(kGpu)});
+  auto f = fl::trace([&](fl::Tensor x) {
+    const fl::Tensor y = x * 3.0f;
+    fl::host_callback(look, {y});
+    return y + 1.0f;
+  });
+  const fl::Tensor out = f(fl::tensor({1.0f, 2.0f}).to(kGpu));
+  f(fl::tensor({3.0f, 4.0f}).to(kGpu));
+  CHECK(seen == std::vector<float>{2, 6, 12});
+  CHECK(out.device() == kGpu);
+  CHECK(test::values(out) == std::vector<double>{4, 7});
+  // The callback node runs where its input is, not on the CPU by soft placement.
+  for (const fl::Node& n : f.graph(fl::tensor({1.0f, 2.0f}).to(kGpu)).nodes()) {
+    if (!n.removed && n.op != nullptr && n.op->name == "host_callback") CHECK(n.device == kGpu);
+  }
 }

@@ -48,6 +48,10 @@ std::string Device::str() const { return fmt::format("{}:{}", device_kind_name(k
 
 int device_count(DeviceKind kind) {
   if (kind == DeviceKind::cpu) return cpu_device_count(cpu_devices.load(std::memory_order_acquire));
+  // The CUDA backend sets its kernels while the op table is built (also those of the graph ops
+  // outside it, such as assign_matmul): build it before anything can run on a GPU. Every use of a
+  // GPU (dispatch, placement, allocation) asks this count first.
+  (void)all_ops();
   return std::min(detail::cuda_backend().device_count(), detail::kMaxCudaDevices);
 }
 

@@ -87,7 +87,7 @@ void check_variable_update(const char* op, const VariableState& s, const Tensor&
 bool exclusively_owned(const Tensor& value) {
   const Storage& storage = *value.storage();
   return value.impl_ptr()->use_count() == 1 && storage.use_count() == 1 && value.is_contiguous() &&
-         value.offset() == 0 && value.device().kind() == DeviceKind::cpu;
+         value.offset() == 0;
 }
 
 namespace {
@@ -128,7 +128,11 @@ void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, b
     return;
   }
   const double signed_scale = mode == AssignMode::add ? scale : -scale;
-  if (exclusively_owned(s.value) && update_in_place(s.value, t, signed_scale)) return;
+  // update_in_place is host BLAS: a value on a GPU is updated by ops queued on its device instead.
+  if (s.value.device().kind() == DeviceKind::cpu && exclusively_owned(s.value) &&
+      update_in_place(s.value, t, signed_scale)) {
+    return;
+  }
   if (scale == 1.0) {
     s.value = mode == AssignMode::add ? s.value + t : s.value - t;
   } else {

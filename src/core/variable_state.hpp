@@ -30,7 +30,9 @@ inline const char* assign_mode_name(AssignMode mode) {
 void check_variable_update(const char* op, const VariableState& s, const Tensor& t, bool check_device = true);
 
 // True when the variable's tensor is reachable only through the variable: no handle, view or
-// recorded tape node shares it, so changing it in place is invisible to everyone else.
+// recorded tape node shares it, so changing it in place is invisible to everyone else. On a GPU
+// that holds too for work already queued: it runs on the device's one stream before an in-place
+// update queued after it.
 bool exclusively_owned(const Tensor& value);
 
 // Applies an update now (the eager path and the graph's assign kernel share it). `adopt`: take `t`

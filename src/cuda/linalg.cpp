@@ -12,7 +12,9 @@
 #include "cuda/check.hpp"
 #include "cuda/register.hpp"
 #include "cuda/runtime.hpp"
+#include "flowlet/ops/elementwise.hpp"
 #include "flowlet/ops/linalg.hpp"
+#include "ops/state.hpp"
 
 namespace flowlet::detail::cuda {
 namespace {
@@ -58,15 +60,38 @@ void matmul_kernel(const OpCall& call, std::span<Tensor> out) {
   gemm(call.inputs[0], call.inputs[1], out[0], matmul_tf32());
 }
 
+// assign_matmul: value += / -= scale * (a @ b) as one GEMM with beta = 1 into the variable's
+// buffer, as the CPU kernel does with BLAS; TF32 as for the matmul it replaced.
+void assign_matmul_kernel(const OpCall& call, std::span<Tensor>) {
+  OutputSpec checked;
+  assign_matmul_op.infer(call, checked);  // shapes may vary between calls (unknown dimensions)
+  const auto& attrs = call.attrs<VariableAttrs>();
+  VariableState& s = *attrs.state;
+  const Tensor& a = call.inputs[0];
+  const Tensor& b = call.inputs[1];
+  const double alpha = attrs.mode == AssignMode::add ? attrs.scale : -attrs.scale;
+  NoDeviceScope here;  // the private copy below stays on the variable's device
+  std::lock_guard lock(s.mutex);
+  if (a.device() != s.value.device() || b.device() != s.value.device()) {
+    fail<DeviceError>("assign_matmul: a on {} and b on {} do not update variable '{}' on {} in place", a.device(),
+                      b.device(), s.name, s.value.device());
+  }
+  // A reader still holding the value keeps it: update a private copy instead. Work queued earlier
+  // on the value runs before the GEMM (one stream per device), so an unshared value is updated in place.
+  if (!exclusively_owned(s.value)) s.value = cast(s.value, s.value.dtype());
+  gemm(a, b, s.value, matmul_tf32(), alpha, 1.0);
+}
+
 }  // namespace
 
-void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool tf32) {
+void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool tf32, double alpha_value, double beta_value) {
   const int64_t batch = c.rank() == 3 ? c.shape()[0] : 1;
   const int64_t m = c.shape()[c.shape().size() - 2], n = c.shape()[c.shape().size() - 1];
   const int64_t k = a.shape()[a.shape().size() - 1];
   if (c.numel() == 0) return;
   const Launch on = launch_on(c.device());
-  if (k == 0) {  // an empty sum: zeros
+  if (k == 0) {  // an empty sum: zeros, or c unchanged when accumulating
+    if (beta_value != 0.0) return;
     FLOWLET_CUDA_CHECK(on.device, cudaMemsetAsync(c.raw_data(), 0, static_cast<size_t>(c.numel()) * dtype_size(c.dtype()),
                                                   on.stream));
     return;
@@ -77,8 +102,9 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool tf32) {
   const bool f64 = c.dtype() == DType::f64;
   const cublasComputeType_t compute =
       f64 ? CUBLAS_COMPUTE_64F : (c.dtype() == DType::f32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
-  const float alpha32 = 1.0f, beta32 = 0.0f;
-  const double alpha64 = 1.0, beta64 = 0.0;
+  // cuBLAS reads the scalars in the compute type: double for f64, float for the rest.
+  const auto alpha32 = static_cast<float>(alpha_value), beta32 = static_cast<float>(beta_value);
+  const double alpha64 = alpha_value, beta64 = beta_value;
   const void* alpha = f64 ? static_cast<const void*>(&alpha64) : static_cast<const void*>(&alpha32);
   const void* beta = f64 ? static_cast<const void*>(&beta64) : static_cast<const void*>(&beta32);
   // Column-major C^T [n, m] = op(B)^T-as-stored [n, k] times op(A)^T-as-stored [k, m].
@@ -91,6 +117,10 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, bool tf32) {
                                                 static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT));
 }
 
-void add_linalg_kernels(const OpList& ops) { set_kernel(ops, "matmul", &matmul_kernel); }
+void add_linalg_kernels(const OpList& ops) {
+  set_kernel(ops, "matmul", &matmul_kernel);
+  // assign_matmul is a graph op (the update-fusion pass makes it), not in the op table.
+  assign_matmul_op.kernels[static_cast<size_t>(DeviceKind::cuda)] = &assign_matmul_kernel;
+}
 
 }  // namespace flowlet::detail::cuda

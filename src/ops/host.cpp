@@ -8,6 +8,7 @@
 #include "core/check.hpp"
 #include "flowlet/core/format.hpp"
 #include "flowlet/dispatch.hpp"
+#include "ops/internal.hpp"
 
 namespace flowlet {
 namespace detail {
@@ -39,16 +40,26 @@ void callback_infer(const OpCall& call, OutputSpec& spec) {
   spec.count = 0;
 }
 
+// The callback is host code: inputs on another device (a GPU) reach it as host copies, so it may
+// read elements (data<T>(), item()) whatever device the node ran on. The copy waits for the
+// device, so the values are those the node's inputs had.
 void callback_kernel(const OpCall& call, std::span<Tensor>) {
-  call.attrs<CallbackAttrs>().fn(std::vector<Tensor>(call.inputs.begin(), call.inputs.end()));
+  std::vector<Tensor> inputs;
+  inputs.reserve(call.inputs.size());
+  for (const Tensor& t : call.inputs) {
+    inputs.push_back(t.device().kind() == DeviceKind::cpu ? t : copy_to_device(t, Device(DeviceKind::cpu, 0)));
+  }
+  call.attrs<CallbackAttrs>().fn(inputs);
 }
 
 }  // namespace
 
-Op print_op{"print", 1, 1, kStateful | kView, &print_infer, {&print_kernel, nullptr}, nullptr,
+// One kernel for every device kind: formatting copies a GPU tensor to the host first
+// (core/format.cpp), and the callback gets host copies.
+Op print_op{"print", 1, 1, kStateful | kView, &print_infer, {&print_kernel, &print_kernel}, nullptr,
             &copy_attributes<PrintAttrs>, &describe_attributes<PrintAttrs>};
-Op host_callback_op{"host_callback", 0, -1, kStateful | kView, &callback_infer, {&callback_kernel, nullptr}, nullptr,
-                    &copy_attributes<CallbackAttrs>, &describe_attributes<CallbackAttrs>};
+Op host_callback_op{"host_callback", 0, -1, kStateful | kView, &callback_infer, {&callback_kernel, &callback_kernel},
+                    nullptr, &copy_attributes<CallbackAttrs>, &describe_attributes<CallbackAttrs>};
 
 }  // namespace detail
 

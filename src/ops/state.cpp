@@ -74,11 +74,15 @@ std::string VariableAttrs::describe() const {
   return fmt::format("variable='{}', mode={}, scale={}", state->name, assign_mode_name(mode), scale);
 }
 
-Op read_variable_op{"read_variable", 0, 0, kStateful | kView, &read_infer, {&read_kernel, nullptr}, nullptr,
+// read_variable and assign_variable serve every device kind with one kernel (as send and recv do):
+// a read hands out the variable's tensor wherever it lives, and apply_variable_update touches
+// elements on the host only for a CPU variable (on a GPU it dispatches ops on the variable's device).
+Op read_variable_op{"read_variable", 0, 0, kStateful | kView, &read_infer, {&read_kernel, &read_kernel}, nullptr,
                     &copy_attributes<VariableAttrs>, &describe_attributes<VariableAttrs>};
-Op assign_variable_op{"assign_variable", 1, 1, kStateful | kView, &assign_infer, {&assign_kernel, nullptr}, nullptr,
-                      &copy_attributes<VariableAttrs>, &describe_attributes<VariableAttrs>};
+Op assign_variable_op{"assign_variable", 1, 1, kStateful | kView, &assign_infer, {&assign_kernel, &assign_kernel},
+                      nullptr, &copy_attributes<VariableAttrs>, &describe_attributes<VariableAttrs>};
 
+// The CUDA kernel (cuBLAS, beta = 1) is set by src/cuda/linalg.cpp when the op table is built.
 Op assign_matmul_op{"assign_matmul", 2, 2, kStateful | kView, &assign_matmul_infer, {&assign_matmul_kernel, nullptr},
                     nullptr, &copy_attributes<VariableAttrs>, &describe_attributes<VariableAttrs>};
 

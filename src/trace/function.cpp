@@ -99,10 +99,17 @@ std::optional<std::string> first_structural_difference(const Graph& a, const Gra
       if (da != db) return fmt::format("{} has attributes {} at one size and {} at the other", x.label(), da, db);
     }
     if (x.kind == NodeKind::constant && x.value.impl_ptr() != y.value.impl_ptr()) {
-      const bool same = x.value.dtype() == y.value.dtype() && x.value.shape() == y.value.shape() &&
-                        x.value.numel() <= 64 && x.value.is_contiguous() && y.value.is_contiguous() &&
-                        std::memcmp(x.value.raw_data(), y.value.raw_data(),
-                                    static_cast<size_t>(x.value.numel()) * dtype_size(x.value.dtype())) == 0;
+      // A constant on a GPU is compared through a host copy (never read on the host where it is).
+      auto on_host = [](const Tensor& t) {
+        EagerScope eager;
+        return t.device().kind() == DeviceKind::cpu ? t : t.to(Device(DeviceKind::cpu, 0));
+      };
+      const bool small = x.value.dtype() == y.value.dtype() && x.value.shape() == y.value.shape() &&
+                         x.value.numel() <= 64;
+      const Tensor hx = small ? on_host(x.value) : Tensor(), hy = small ? on_host(y.value) : Tensor();
+      const bool same = small && hx.is_contiguous() && hy.is_contiguous() &&
+                        std::memcmp(hx.raw_data(), hy.raw_data(),
+                                    static_cast<size_t>(hx.numel()) * dtype_size(hx.dtype())) == 0;
       if (!same) return fmt::format("constant '{}' differs (a value computed from a size?)", x.name);
     }
   }

@@ -26,7 +26,8 @@ void fuse_variable_updates(Graph& graph) {
     Node& update = graph.node(static_cast<int32_t>(i));
     if (update.removed || update.op != &assign_variable_op) continue;
     const auto& attrs = *static_cast<const VariableAttrs*>(update.attributes.get());
-    if (attrs.mode == AssignMode::assign) continue;
+    // Only where assign_matmul has a kernel (CPU: BLAS; CUDA: cuBLAS, once the backend registered it).
+    if (attrs.mode == AssignMode::assign || !assign_matmul_op.runs_on(update.device.kind())) continue;
     Node& product = graph.node(update.inputs[0].node);
     if (product.removed || product.kind != NodeKind::op || product.op->name != "matmul" ||
         uses[static_cast<size_t>(update.inputs[0].node)] != 1 || product.device != update.device) {
