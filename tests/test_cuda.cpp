@@ -159,14 +159,15 @@ const std::vector<Row>& table() {
       r.push_back({"argmax", test::kNumericDTypes, random_inputs({{3, 4, 5}}, {Domain::small_ints}),
                    [axis](const Inputs& in, fl::DType, fl::Device) { return fl::argmax(in[0], axis); }});
     }
-    // matmul: plain, batched, a rank-2 operand shared across a batch, a transposed view.
+    // matmul: plain, batched, a rank-2 operand shared across a batch, a transposed view; f16/bf16
+    // through cuBLAS with f32 accumulation, as the CPU's f32 GEMM on upcast copies (within an ulp).
     const auto matmul = [](const Inputs& in, fl::DType, fl::Device) { return fl::matmul(in[0], in[1]); };
-    r.push_back({"matmul", test::kFloatDTypes, random_inputs({{5, 7}, {7, 3}}, {Domain::normal, Domain::normal}), matmul});
-    r.push_back({"matmul", test::kFloatDTypes, random_inputs({{2, 5, 7}, {2, 7, 3}}, {Domain::normal, Domain::normal}),
+    r.push_back({"matmul", kFloating, random_inputs({{5, 7}, {7, 3}}, {Domain::normal, Domain::normal}), matmul});
+    r.push_back({"matmul", kFloating, random_inputs({{2, 5, 7}, {2, 7, 3}}, {Domain::normal, Domain::normal}),
                  matmul});
-    r.push_back({"matmul", test::kFloatDTypes, random_inputs({{2, 5, 7}, {7, 3}}, {Domain::normal, Domain::normal}),
+    r.push_back({"matmul", kFloating, random_inputs({{2, 5, 7}, {7, 3}}, {Domain::normal, Domain::normal}),
                  matmul});
-    r.push_back({"matmul", test::kFloatDTypes, random_inputs({{7, 5}, {7, 3}}, {Domain::normal, Domain::normal}),
+    r.push_back({"matmul", kFloating, random_inputs({{7, 5}, {7, 3}}, {Domain::normal, Domain::normal}),
                  [](const Inputs& in, fl::DType, fl::Device) { return fl::matmul(fl::transpose(in[0]), in[1]); }});
     // nn.
     for (int64_t axis : {-1, 0}) {
@@ -492,6 +493,37 @@ TEST_CASE("gradients of a small model computed on the GPU match the CPU") {
   const auto [gpu_loss, gpu_grad] = loss_and_grads(kGpu);
   CHECK(gpu_loss == doctest::Approx(cpu_loss).epsilon(1e-5));
   test::check_values(gpu_grad, cpu_grad, {1e-4, 1e-6});
+}
+
+TEST_CASE("f16 and bf16 matmul and its gradients on the GPU match the CPU") {
+  if (skip_without_gpu()) return;
+  for (fl::DType dt : test::kHalfDTypes) {
+    CAPTURE(dt);
+    // Big enough for cuBLAS's tensor-core kernels; both sides accumulate in f32, so they differ by
+    // the rounding of differently ordered f32 sums: at most an ulp of the half result.
+    const fl::Tensor a = fl::randn({256, 320}, 5, dt);
+    const fl::Tensor b = fl::randn({320, 96}, 6, dt);
+    const fl::Tensor cpu = fl::matmul(a, b);
+    const fl::Tensor gpu = fl::matmul(a.to(kGpu), b.to(kGpu));
+    CHECK(gpu.dtype() == dt);
+    test::check_values(test::values(gpu), test::values(cpu), test::default_tolerance(dt));
+    // Gradients: x [3, 16, 8] @ w [8, 4] sums w's batch of gradients (in f32, sum takes no halves).
+    auto grads = [dt](fl::Device device) {
+      const fl::Tensor x = fl::randn({3, 16, 8}, 7, dt).to(device);
+      const fl::Tensor w = fl::randn({8, 4}, 8, dt).to(device);
+      fl::GradientTape tape;
+      tape.watch(x);
+      tape.watch(w);
+      const fl::Tensor loss = fl::sum(fl::tanh(fl::matmul(x, w).astype(fl::f32)));
+      std::vector<std::vector<double>> out;
+      for (const fl::Tensor& g : tape.gradient(loss, {x, w})) out.push_back(test::values(g));
+      return out;
+    };
+    const auto want = grads(kCpu), got = grads(kGpu);
+    REQUIRE(got.size() == 2);
+    const double eps = dt == fl::f16 ? 0x1p-10 : 0x1p-7;
+    for (size_t i = 0; i < 2; ++i) test::check_values(got[i], want[i], {4 * eps, 16 * eps});
+  }
 }
 
 TEST_CASE("a GPU tensor formats with its values and device") {

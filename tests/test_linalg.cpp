@@ -179,8 +179,8 @@ TEST_CASE("matmul rejects mismatched shapes with ShapeError naming both") {
                                   {"[1, 2, 3, 4]"});
 }
 
-TEST_CASE("matmul rejects integer, half and mixed dtypes with DTypeError") {
-  for (fl::DType dt : {fl::i32, fl::i64, fl::u8, fl::b8, fl::f16, fl::bf16}) {
+TEST_CASE("matmul rejects integer and mixed dtypes with DTypeError") {
+  for (fl::DType dt : {fl::i32, fl::i64, fl::u8, fl::b8}) {
     CAPTURE(dt);
     const std::string name(fl::dtype_name(dt));
     check_op_throws<fl::DTypeError>("matmul", [&] { (void)fl::matmul(fl::ones(fl::Shape{2, 2}, dt), fl::ones(fl::Shape{2, 2}, dt)); },
@@ -188,6 +188,71 @@ TEST_CASE("matmul rejects integer, half and mixed dtypes with DTypeError") {
   }
   check_op_throws<fl::DTypeError>("matmul", [] { (void)fl::matmul(fl::ones(fl::Shape{2, 2}), fl::ones(fl::Shape{2, 2}, fl::f64)); },
                                   {"f32", "f64"});
+  // Halves are never promoted: the caller chooses the dtype with astype.
+  check_op_throws<fl::DTypeError>("matmul", [] { (void)fl::matmul(fl::ones(fl::Shape{2, 2}, fl::f16), fl::ones(fl::Shape{2, 2})); },
+                                  {"f16", "f32"});
+  check_op_throws<fl::DTypeError>("matmul", [] { (void)fl::matmul(fl::ones(fl::Shape{2, 2}, fl::bf16), fl::ones(fl::Shape{2, 2}, fl::f16)); },
+                                  {"bf16", "f16"});
+}
+
+namespace {
+
+// One unit in the last place at 1.0: 2^-10 for f16 (11 significant bits), 2^-7 for bf16 (8).
+double half_ulp_at_one(fl::DType dt) { return dt == fl::f16 ? 0x1p-10 : 0x1p-7; }
+
+}  // namespace
+
+TEST_CASE("f16 and bf16 matmul is the f32 product of the same values, rounded once") {
+  // Accumulation is in f32 (as cuBLAS's CUBLAS_COMPUTE_32F): the result is the f32 product of the
+  // upcast operands rounded to the half dtype, never a sum of rounded half-precision terms. One
+  // ulp of slack allows a different f32 summation order landing on the other side of a rounding.
+  int compared = 0;
+  uint64_t seed = 900;
+  for (fl::DType dt : test::kHalfDTypes) {
+    CAPTURE(dt);
+    const test::Tolerance one_ulp{half_ulp_at_one(dt), 1e-6};
+    auto check = [&](const fl::Tensor& a, const fl::Tensor& b, std::source_location loc = std::source_location::current()) {
+      const fl::Tensor got = fl::matmul(a, b);
+      const fl::Tensor want = fl::matmul(a.astype(fl::f32), b.astype(fl::f32)).astype(dt);
+      compared += test::check_tensor(got, test::values(want), want.shape(), dt, one_ulp, loc) ? 1 : 0;
+    };
+    auto random = [&](fl::Shape shape) { return test::random_tensor(shape, seed++, dt); };
+    check(random({5, 70}), random({70, 17}));                    // plain GEMM
+    check(random({1, 40}), random({40, 9}));                     // a row: the GEMV path
+    check(random({3, 5, 64}), random({3, 64, 6}));               // batched
+    check(random({3, 5, 8}), random({8, 4}));                    // a shared rank-2 operand
+    check(fl::transpose(random({70, 5})), random({70, 17}));     // a transposed view
+    check(random({200, 190}), random({190, 210}));               // split over the pool
+    check(random({4, 0}), random({0, 3}));                       // k = 0: zeros
+  }
+  CHECK(compared == 14);
+}
+
+TEST_CASE("f16 and bf16 matmul gradients match the f32 gradients rounded") {
+  // x [3, 4, 5] @ w [5, 2]: w is shared across the batch, so its gradient sums the batch (in f32 for
+  // the halves, which sum takes no f16/bf16 of). The loss is an f32 sum of the upcast product.
+  uint64_t seed = 950;
+  for (fl::DType dt : test::kHalfDTypes) {
+    CAPTURE(dt);
+    const fl::Tensor x = test::random_tensor(fl::Shape{3, 4, 5}, seed++, dt);
+    const fl::Tensor w = test::random_tensor(fl::Shape{5, 2}, seed++, dt);
+    const fl::Tensor weights = test::random_tensor(fl::Shape{3, 4, 2}, seed++, fl::f32);
+    auto grads = [&](const fl::Tensor& a, const fl::Tensor& b) {
+      fl::GradientTape tape;
+      tape.watch(a);
+      tape.watch(b);
+      return tape.gradient(fl::sum(fl::matmul(a, b).astype(fl::f32) * weights), {a, b});
+    };
+    const std::vector<fl::Tensor> got = grads(x, w);
+    const std::vector<fl::Tensor> want = grads(x.astype(fl::f32), w.astype(fl::f32));
+    REQUIRE(got.size() == 2);
+    // Each of the batch's three products rounds once before the sum: a few ulps of the terms.
+    const double eps = half_ulp_at_one(dt);
+    for (size_t i = 0; i < 2; ++i) {
+      CAPTURE(i);
+      test::check_tensor(got[i], test::values(want[i]), want[i].shape(), dt, test::Tolerance{2 * eps, 16 * eps});
+    }
+  }
 }
 
 TEST_CASE("row, column and rank-1 products (BLAS-2 paths) accept transposed and strided views") {

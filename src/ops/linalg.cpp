@@ -1,5 +1,7 @@
 // matmul: rank 2 and batched rank 3, through single-threaded OpenBLAS calls spread over the pool.
 // Transposed views go to BLAS as a transpose flag, not a copy; other strided inputs are copied once.
+// f16 and bf16 (storage types, as for elementwise ops) multiply as f32 copies with f32 accumulation
+// and round the result back once; CUDA does the same inside cuBLAS (CUBLAS_COMPUTE_32F).
 #include "flowlet/ops/linalg.hpp"
 
 #include <cblas.h>
@@ -10,6 +12,7 @@
 #include <cstring>
 
 #include "flowlet/dispatch.hpp"
+#include "flowlet/ops/elementwise.hpp"
 #include "flowlet/ops/reduce.hpp"
 #include "flowlet/ops/shape.hpp"
 #include "exec/thread_pool.hpp"
@@ -27,7 +30,7 @@ void matmul_infer(const OpCall& call, OutputSpec& spec) {
   if (a.dtype() != b.dtype()) {
     fail<DTypeError>("matmul: dtypes differ; got {} and {}; convert one with astype", a.dtype(), b.dtype());
   }
-  check_dtype("matmul", a.dtype(), kFloatCompute);
+  check_dtype("matmul", a.dtype(), kFloating);
   const bool ranks_ok = (a.rank() == 2 || a.rank() == 3) && (b.rank() == 2 || b.rank() == 3);
   if (!ranks_ok) {
     fail<ShapeError>("matmul: expects rank 2 or 3 operands; got a {} and b {}", a.shape(), b.shape());
@@ -164,9 +167,27 @@ bool vector_product(DType dtype, const BlasOperand& pa, const BlasOperand& pb, c
   return true;
 }
 
+// The half-precision product: BLAS has no f16/bf16 GEMM, so a, b (and c when accumulating) go to
+// f32, the f32 path below multiplies with f32 accumulation, and the result is rounded back once.
+// The copies cost two conversions per element, small beside the O(m n k) product.
+void gemm_half(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
+  const Tensor a32 = cast(a, f32), b32 = cast(b, f32);  // also packs strided views
+  Tensor c32 = beta == 0.0 ? Tensor::empty(c.shape(), f32, c.device()) : cast(c, f32);
+  gemm_into(a32, b32, c32, alpha, beta);
+  // c32 into c's own buffer (cast would allocate a new one; assign_matmul updates c in place).
+  const float* in = static_cast<const float*>(c32.raw_data());
+  visit_dtype<kHalves>(c.dtype(), [&]<class T>(TypeTag<T>) {
+    T* out = static_cast<T*>(c.raw_data());
+    parallel_for(c.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = convert<T>(in[i]);
+    });
+  });
+}
+
 }  // namespace
 
 void gemm_into(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
+  if (c.dtype() == f16 || c.dtype() == bf16) return gemm_half(a, b, c, alpha, beta);
   const int64_t batch = c.rank() == 3 ? c.shape()[0] : 1;
   const int64_t m = c.shape()[c.shape().size() - 2], n = c.shape()[c.shape().size() - 1], k = a.shape()[a.shape().size() - 1];
   if (c.numel() == 0) return;
@@ -217,17 +238,25 @@ void matmul_kernel(const OpCall& call, std::span<Tensor> out) { gemm_into(call.i
 // The last two dimensions swapped (a view).
 Tensor swap_last(const Tensor& t) { return t.rank() == 2 ? transpose(t) : permute(t, {0, 2, 1}); }
 
+// The batch of gradients of a shared rank-2 operand, summed; sum takes no f16/bf16, so halves sum
+// in f32 and round back once.
+Tensor sum_batch(const Tensor& d) {
+  const DType dt = d.dtype();
+  if (dt != f16 && dt != bf16) return sum(d, {0});
+  return cast(sum(cast(d, f32), {0}), dt);
+}
+
 // dA = dC B^T, dB = A^T dC; a rank-2 operand shared across a batch sums its batch of gradients.
 void matmul_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {
   const Tensor& a = c.inputs[0];
   const Tensor& b = c.inputs[1];
   if (c.wants(0)) {  // skipped for a first layer's input, which saves a GEMM as large as the forward one
     const Tensor da = matmul(g[0], swap_last(b));
-    dx[0] = a.rank() == 2 && da.rank() == 3 ? sum(da, {0}) : da;
+    dx[0] = a.rank() == 2 && da.rank() == 3 ? sum_batch(da) : da;
   }
   if (c.wants(1)) {
     const Tensor db = matmul(swap_last(a), g[0]);
-    dx[1] = b.rank() == 2 && db.rank() == 3 ? sum(db, {0}) : db;
+    dx[1] = b.rank() == 2 && db.rank() == 3 ? sum_batch(db) : db;
   }
 }
 
