@@ -1,7 +1,8 @@
 // GPU benchmarks (issue 6), each figure beside a peer measured in the same run:
 //   - GEMM 4096^2 in f32, TF32 and bf16: flowlet against a direct cuBLAS call (target >= 95 %);
 //   - c = a + b on 256M f32 elements against the device-to-device copy bandwidth (target >= 85 %);
-//   - eager per-op overhead of a small op, and a chain of small ops eager and traced.
+//   - eager per-op overhead of a small op, and a chain of small ops eager and traced;
+//   - the MLP training step of ../mlp_step.hpp (784-256-10, SGD) at batch 64 and 1024, eager and traced.
 // The PyTorch figures come from torch_peer.py in the same check (benchmarks/gpu/check.sh).
 // Throughput is timed on the host around a loop that ends in a synchronize, after a warm-up, so
 // flowlet's dispatch and allocation are included; the direct calls run on their own stream.
@@ -10,12 +11,16 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <fmt/core.h>
 #include <flowlet/flowlet.hpp>
+
+#include "../mlp_step.hpp"  // the model benchmarks/trace and benchmarks/training time on the CPU
 
 namespace fl = flowlet;
 
@@ -169,6 +174,60 @@ void overhead_section() {
   }
 }
 
+// The MLP training step (forward, backward, SGD update) with its variables and batch on cuda:0,
+// eager and wrapped in fl::trace. Two models from the same seeds: the first step's losses and the
+// weights after it are compared before timing, so a wrong traced graph shows up beside its figure.
+void mlp_section(int64_t batch) {
+  namespace mlp = flowlet_bench::mlp;
+  const int iterations = kQuick ? 20 : 200;
+  const std::string label = fmt::format("mlp step batch {}", batch);
+  try {
+    // Linear draws its initial weights on default_device(), the scope's device: so the variables
+    // live on the GPU. The steps run outside the scope, where their GPU inputs place them.
+    std::unique_ptr<mlp::FlowletMlp> eager_model, traced_model;
+    fl::Tensor x, labels;
+    {
+      fl::DeviceScope on_gpu(kGpu);
+      eager_model = std::make_unique<mlp::FlowletMlp>();
+      traced_model = std::make_unique<mlp::FlowletMlp>();
+    }
+    const mlp::Batch data(batch);
+    x = data.x.to(kGpu);
+    labels = data.labels.to(kGpu);
+    for (const fl::Variable& v : eager_model->params) {
+      if (v.device() != kGpu) throw std::runtime_error(fmt::format("variable {} is on {}, not cuda:0", v.name(), v.device()));
+    }
+    fl::optim::SGD eager_sgd(mlp::learning_rate), traced_sgd(mlp::learning_rate);
+    auto eager_step = [&](fl::Tensor xb, fl::Tensor yb) { return eager_model->train_step(eager_sgd, xb, yb); };
+    auto traced_step = fl::trace(
+        [&](fl::Tensor xb, fl::Tensor yb) { return traced_model->train_step(traced_sgd, xb, yb); });
+
+    const float eager_loss = eager_step(x, labels).item<float>();
+    const float traced_loss = traced_step(x, labels).item<float>();
+    const fl::Device cpu("cpu");
+    const double weight_diff =
+        mlp::max_abs_difference(eager_model->hidden->weight.value().to(cpu).to_vector<float>(),
+                                traced_model->hidden->weight.value().to(cpu).to_vector<float>());
+    const double loss_diff = std::fabs(static_cast<double>(eager_loss) - traced_loss);
+    fmt::print("note {}: first step loss eager {:.6f} traced {:.6f}; hidden/weight max |diff| {:.2e}{}\n", label,
+               eager_loss, traced_loss, weight_diff,
+               loss_diff <= 1e-4 && weight_diff <= 1e-5 ? "" : "  WARNING: eager and traced differ");
+
+    const double eager = best_seconds_per_call(iterations, [&] { (void)eager_step(x, labels); },
+                                               [] { fl::synchronize(kGpu); });
+    fmt::print("{} {}: eager {:.1f} us\n", label, kGpu, eager * 1e6);
+    const double traced = best_seconds_per_call(iterations, [&] { (void)traced_step(x, labels); },
+                                                [] { fl::synchronize(kGpu); });
+    fmt::print("{} {}: traced {:.1f} us ({:.2f}x eager){}\n", label, kGpu, traced * 1e6, eager / traced,
+               traced_step.trace_count() == 1
+                   ? ""
+                   : fmt::format("  WARNING: traced {} times ({})", traced_step.trace_count(),
+                                 traced_step.last_retrace_reason()));
+  } catch (const std::exception& e) {
+    fmt::print("error {}: {}\n", label, e.what());
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -182,5 +241,6 @@ int main() {
   gemm_section("bf16", fl::bf16, CUDA_R_16BF, 2, CUBLAS_COMPUTE_32F, false);
   add_section();
   overhead_section();
+  for (int64_t batch : {64, 1024}) mlp_section(batch);
   return 0;
 }

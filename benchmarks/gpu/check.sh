@@ -138,7 +138,7 @@ fi
 if [[ -x $build/benchmarks/gpu/bench_gpu ]]; then
   step bench_gpu 150 "$build/benchmarks/gpu/bench_gpu"
   note '```'
-  grep -E "^(gemm|add|copy|eager|traced|note|error)" "$OUT/bench_gpu.log" >> "$report"
+  grep -E "^(gemm|add|copy|eager|traced|mlp|note|error)" "$OUT/bench_gpu.log" >> "$report"
   note '```'
 fi
 if python3 -c "import torch" > /dev/null 2>&1; then

@@ -1,5 +1,6 @@
-"""PyTorch peer for bench_gpu.cpp: the same GEMMs, a + b on 256M f32, and the small-op overhead,
-timed the same way (best of several loops, each ending in a synchronize). Run by check.sh."""
+"""PyTorch peer for bench_gpu.cpp: the same GEMMs, a + b on 256M f32, the small-op overhead and the
+MLP training step, timed the same way (best of several loops, each ending in a synchronize). Run by
+check.sh."""
 import os
 import time
 
@@ -75,6 +76,47 @@ def overhead():
         print(f"error torch cuda graph: {e}")
 
 
+def mlp(batch):
+    """The MLP step of benchmarks/mlp_step.hpp: 784-256-10, ReLU, mean cross-entropy, SGD lr 0.01 on
+    x = randn([batch, 784]) and labels arange(batch) % 10 (the weights are torch's own draw: only the
+    time is compared). Eager, then the whole step captured as one CUDA graph (PyTorch's
+    whole-network capture recipe), which is what flowlet's traced step is set beside."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x = torch.randn(batch, 784, device=dev)
+    labels = torch.arange(batch, device=dev) % 10
+    iterations = 20 if QUICK else 200
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), labels)
+        loss.backward()
+        opt.step()
+        return loss
+
+    eager = best_seconds_per_call(iterations, step)
+    print(f"torch mlp step batch {batch}: eager {eager * 1e6:.1f} us")
+    try:
+        side = torch.cuda.Stream()  # warm-up on a side stream, as the recipe asks
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)  # backward then allocates .grad from the graph's pool
+        with torch.cuda.graph(g):
+            static_loss = loss_fn(model(x), labels)
+            static_loss.backward()
+            opt.step()
+        graph = best_seconds_per_call(iterations, g.replay)
+        print(f"torch mlp step batch {batch}: cuda-graph {graph * 1e6:.1f} us ({eager / graph:.2f}x eager)")
+    except Exception as e:  # report, do not stop the other figures
+        print(f"error torch mlp cuda graph batch {batch}: {e}")
+
+
 if __name__ == "__main__":
     print(f"torch version {torch.__version__}, cuda {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
     for label, dtype, tf32 in [("f32", torch.float32, False), ("tf32", torch.float32, True), ("bf16", torch.bfloat16, False)]:
@@ -87,3 +129,8 @@ if __name__ == "__main__":
             section()
         except Exception as e:
             print(f"error torch {section.__name__}: {e}")
+    for batch in (64, 1024):
+        try:
+            mlp(batch)
+        except Exception as e:
+            print(f"error torch mlp batch {batch}: {e}")
