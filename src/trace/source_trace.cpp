@@ -1,5 +1,6 @@
 // SourceTrace: return addresses now, "file:line" later. Resolving is slow (it runs addr2line), so it
-// happens only when a message or a dump needs it, and the answer is cached on the node.
+// happens only when a message or a dump needs it, and the answer is cached on the node (and each
+// address's lookup for the process).
 //
 // The user's frame is the first one outside flowlet: frames in flowlet's own shared object are
 // skipped by address, and (for static builds) frames whose function is in namespace flowlet by name.
@@ -12,8 +13,10 @@
 #include <array>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -31,7 +34,7 @@ const void* flowlet_shared_object() {
 }
 
 // "function\nfile:line" for `address` in `module`, by addr2line (part of binutils, which g++ needs).
-std::pair<std::string, std::string> addr2line(const char* module, uintptr_t offset) {
+std::pair<std::string, std::string> run_addr2line(const char* module, uintptr_t offset) {
   const std::string command = fmt::format("addr2line -C -f -e '{}' {:#x} 2>/dev/null", module, offset);
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
   if (!pipe) return {};
@@ -46,6 +49,21 @@ std::pair<std::string, std::string> addr2line(const char* module, uintptr_t offs
   chomp(location);
   if (const auto space = location.find(" (discriminator"); space != std::string::npos) location.resize(space);
   return {function, location};
+}
+
+// run_addr2line, remembered per (module, offset) for the process: the nodes of one graph share
+// most of their frames (one call site records many nodes), and each lookup starts a process.
+std::pair<std::string, std::string> addr2line(const char* module, uintptr_t offset) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::pair<std::string, std::string>> known;
+  const std::string key = fmt::format("{}@{:x}", module, offset);
+  {
+    std::lock_guard lock(mutex);
+    if (auto found = known.find(key); found != known.end()) return found->second;
+  }
+  auto answer = run_addr2line(module, offset);  // outside the lock: slow, and safe to repeat
+  std::lock_guard lock(mutex);
+  return known.emplace(key, std::move(answer)).first->second;
 }
 
 // "auto flowlet::TracedFunction<...>::operator()(...)" -> true: the qualified name (after any
