@@ -208,6 +208,20 @@ void serve_parked(QueueState& s, Settled& settled) {
   }
 }
 
+// Under the lock, once a dequeue may finish: its checks, its item, and what the freed slot lets
+// parked graph nodes do. The caller then calls after_take outside the lock.
+std::vector<Tensor> take_checked(QueueState& s, const char* op, Settled& settled) {
+  check_dequeue_open(s, op);
+  std::vector<Tensor> item = take(s);
+  serve_parked(s, settled);
+  return item;
+}
+
+void after_take(QueueState& s, Settled& settled) {
+  s.not_full.notify_one();
+  settled.run(s);
+}
+
 std::shared_ptr<QueueState> make_state(std::string name, int64_t capacity, ItemSignature signature) {
   auto state = std::make_shared<QueueState>();
   state->name = std::move(name);
@@ -274,12 +288,9 @@ std::vector<Tensor> Queue::dequeue() {
   {
     std::unique_lock lock(s.mutex);
     s.not_empty.wait(lock, [&] { return dequeue_can_finish(s); });
-    check_dequeue_open(s, "dequeue");
-    item = take(s);
-    serve_parked(s, settled);
+    item = take_checked(s, "dequeue", settled);
   }
-  s.not_full.notify_one();
-  settled.run(s);
+  after_take(s, settled);
   return item;
 }
 
@@ -292,11 +303,9 @@ std::optional<std::vector<Tensor>> Queue::try_dequeue() {
     std::lock_guard lock(s.mutex);
     check_dequeue_open(s, "try_dequeue");
     if (!item_ready(s)) return std::nullopt;
-    item = take(s);
-    serve_parked(s, settled);
+    item = take_checked(s, "try_dequeue", settled);
   }
-  s.not_full.notify_one();
-  settled.run(s);
+  after_take(s, settled);
   return item;
 }
 
@@ -308,12 +317,9 @@ std::optional<std::vector<Tensor>> Queue::try_dequeue_for(std::chrono::milliseco
   {
     std::unique_lock lock(s.mutex);
     if (!s.not_empty.wait_for(lock, timeout, [&] { return dequeue_can_finish(s); })) return std::nullopt;
-    check_dequeue_open(s, "try_dequeue_for");
-    item = take(s);
-    serve_parked(s, settled);
+    item = take_checked(s, "try_dequeue_for", settled);
   }
-  s.not_full.notify_one();
-  settled.run(s);
+  after_take(s, settled);
   return item;
 }
 
