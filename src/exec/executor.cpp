@@ -416,11 +416,7 @@ void Plan::feed(Step& step, std::span<const Tensor> arguments) const {
 }
 
 void Plan::start(Step& step) const {
-  if (!dataflow_) {  // a lone sequential partition
-    run_sequential(step);
-    step.shared.partition_finished();
-    return;
-  }
+  // Only dataflow plans start this way: Executable builds every partition of a group in_group.
   if (items_.empty()) {
     step.shared.partition_finished();
     return;

@@ -78,7 +78,8 @@ class Plan {
   // --- for Executable: one partition's share of a step ---
   StepPtr make_step(StepShared& shared, std::span<const Tensor> arguments) const;
   // Runs what is ready on the calling thread; the rest follows on pool threads (as Recvs and other
-  // waits complete). shared.partition_finished() is called when the partition is done.
+  // waits complete). shared.partition_finished() is called when the partition is done. For plans
+  // built in_group (and run() of plans with async nodes).
   void start(Step& step) const;
   static void start_task(void* step);  // schedule()-able start()
   // Output i of the partition's graph, after the step finished.

@@ -47,8 +47,9 @@ struct Waiting {
 void recv_kernel(const OpCall& call, std::span<Tensor> outputs, AsyncDone done) {
   const auto& attrs = call.attrs<TransferAttrs>();
   Rendezvous& rendezvous = rendezvous_of(call);
-  // Lives until the receiver runs (now or on the sender's thread).
-  auto* waiting = new Waiting{outputs, attrs.destination, done};
+  // Owned by the receiver callback once receive() accepted it (it runs now or on the sender's
+  // thread and frees it); freed here if receive() throws instead.
+  auto waiting = std::make_unique<Waiting>(Waiting{outputs, attrs.destination, done});
   rendezvous.receive(
       attrs.slot,
       [](void* context, Tensor value, std::exception_ptr error) {
@@ -62,7 +63,8 @@ void recv_kernel(const OpCall& call, std::span<Tensor> outputs, AsyncDone done) 
         }
         w->done(std::move(error));
       },
-      waiting);
+      waiting.get());
+  (void)waiting.release();
 }
 
 }  // namespace
