@@ -62,20 +62,17 @@ struct ReduceAttrs {
   }
 };
 
-struct ArgmaxAttrs {
+// One axis: argmax, softmax and log_softmax, concat.
+struct AxisAttrs {
   int64_t axis;
   std::string describe() const { return fmt::format("axis={}", axis); }
 };
+using ArgmaxAttrs = AxisAttrs;
 
 // nn
 struct OneHotAttrs {
   int64_t depth;
   std::string describe() const { return fmt::format("depth={}", depth); }
-};
-
-struct AxisAttrs {
-  int64_t axis;
-  std::string describe() const { return fmt::format("axis={}", axis); }
 };
 
 // shape
@@ -84,9 +81,6 @@ struct ToDeviceAttrs {
   std::string describe() const { return fmt::format("device={}", device); }
 };
 
-struct ConcatAttrs {
-  int64_t axis;
-  std::string describe() const { return fmt::format("axis={}", axis); }
-};
+using ConcatAttrs = AxisAttrs;
 
 }  // namespace flowlet::detail
