@@ -340,8 +340,8 @@ std::vector<Tensor> TracedCore::run(int entry, std::span<const Tensor> tensor_ar
   std::vector<Tensor> outputs = e->executable->run(tensor_args, &stats);
   core_->last_transfers.store(stats.transfers, std::memory_order_relaxed);
   core_->last_transfer_bytes.store(stats.bytes_transferred, std::memory_order_relaxed);
-  std::lock_guard lock(core_->mutex);
-  if (core_->options.collect_step_stats) {
+  if (core_->options.collect_step_stats) {  // the mutex only when there is a timeline to keep
+    std::lock_guard lock(core_->mutex);
     core_->last_stats = std::move(stats);
     core_->last_used = entry;
   }
