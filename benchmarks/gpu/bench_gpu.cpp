@@ -163,9 +163,17 @@ void overhead_section() {
     const double eager = best_seconds_per_call(iterations / 15, [&] { (void)chain(a, b); }, [] { fl::synchronize(kGpu); });
     fmt::print("eager chain of 15 small ops: {:.1f} us ({:.2f} us per op)\n", eager * 1e6, eager * 1e6 / 15);
     try {
+      // Traced without and with CUDA Graph capture (TraceOptions::cuda_graphs), side by side.
+      fl::TraceOptions no_capture;
+      no_capture.cuda_graphs = false;
+      auto plan_only = fl::trace([](fl::Tensor x, fl::Tensor y) { return chain(x, y); }, no_capture);
+      const double plan = best_seconds_per_call(iterations / 15, [&] { (void)plan_only(a, b); }, [] { fl::synchronize(kGpu); });
+      fmt::print("traced chain of 15 small ops, no CUDA Graph: {:.1f} us ({:.2f}x eager)\n", plan * 1e6, eager / plan);
       auto traced = fl::trace([](fl::Tensor x, fl::Tensor y) { return chain(x, y); });
       const double graph = best_seconds_per_call(iterations / 15, [&] { (void)traced(a, b); }, [] { fl::synchronize(kGpu); });
-      fmt::print("traced chain of 15 small ops: {:.1f} us ({:.2f}x eager)\n", graph * 1e6, eager / graph);
+      const fl::CudaGraphInfo info = traced.cuda_graph_info();
+      fmt::print("traced chain of 15 small ops, CUDA Graph: {:.1f} us ({:.2f}x eager){}\n", graph * 1e6, eager / graph,
+                 info.captured ? "" : fmt::format("  WARNING: not captured ({})", info.why_not));
     } catch (const std::exception& e) {
       fmt::print("error traced chain: {}\n", e.what());
     }
@@ -218,7 +226,9 @@ void mlp_section(int64_t batch) {
     fmt::print("{} {}: eager {:.1f} us\n", label, kGpu, eager * 1e6);
     const double traced = best_seconds_per_call(iterations, [&] { (void)traced_step(x, labels); },
                                                 [] { fl::synchronize(kGpu); });
-    fmt::print("{} {}: traced {:.1f} us ({:.2f}x eager){}\n", label, kGpu, traced * 1e6, eager / traced,
+    const fl::CudaGraphInfo info = traced_step.cuda_graph_info();
+    fmt::print("{} {}: traced {:.1f} us ({:.2f}x eager){}{}\n", label, kGpu, traced * 1e6, eager / traced,
+               info.captured ? ", as a CUDA Graph" : fmt::format(", not a CUDA Graph ({})", info.why_not),
                traced_step.trace_count() == 1
                    ? ""
                    : fmt::format("  WARNING: traced {} times ({})", traced_step.trace_count(),

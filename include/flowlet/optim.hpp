@@ -40,7 +40,8 @@ class Optimizer {
 
   // Every slot and the step counter, in creation order: save them with the model's variables.
   std::vector<Variable> variables() const;
-  // The number of apply() calls so far (an i64 scalar variable).
+  // The number of apply() calls so far (an i64 scalar variable). It lives on the device of the
+  // first variable that build() or apply() sees, so a traced step on a GPU runs wholly there.
   const Variable& iterations() const { return iterations_; }
   const std::string& name() const { return name_; }
 
@@ -55,8 +56,11 @@ class Optimizer {
   Tensor step(DType dtype) const;
 
  private:
+  void place_counter(const std::vector<Variable>& vars);
+
   std::string name_;
   Variable iterations_;
+  bool counter_placed_ = false;
   std::unordered_map<const void*, std::unordered_map<std::string, Variable>> slots_;
   std::vector<Variable> slot_order_;
 };

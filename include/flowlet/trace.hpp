@@ -56,6 +56,17 @@ struct TraceOptions {
   bool fuse_elementwise = true;
   std::string dump_graphs_dir;    // write DOT/JSON before and after every pass (also FLOWLET_DUMP_GRAPHS)
   bool collect_step_stats = false;  // record each node's start, end and thread on every call
+  // Replay a graph that runs wholly on one GPU as a CUDA Graph: one launch per call instead of one
+  // per op (see cuda_graph_info(); FLOWLET_CUDA_GRAPHS=0 turns it off for the whole process).
+  bool cuda_graphs = true;
+};
+
+// Whether the last call's graph ran as a CUDA Graph, and if not, why.
+struct CudaGraphInfo {
+  bool captured = false;  // the graph is recorded and the last call replayed it
+  int64_t replays = 0;    // calls that replayed it so far
+  int recordings = 0;     // times it was recorded (again after a variable changed its buffer)
+  std::string why_not;    // "" when captured (or to be recorded at the next call)
 };
 
 // What the last call moved between devices: its graph is cut into one partition per device, and
@@ -129,6 +140,7 @@ class TracedCore {
   const std::string& last_retrace_reason() const;
   std::string timeline_json() const;  // Chrome trace-event JSON of the last call (collect_step_stats)
   TransferStats last_transfer_stats() const;
+  CudaGraphInfo cuda_graph_info() const;
 
   struct Builder {
     std::shared_ptr<void> state;  // the TraceBuilder and the active-trace scope
@@ -266,6 +278,8 @@ class TracedFunction {
   std::string timeline_json() const { return core_->timeline_json(); }
   // Tensors the last call moved between its device partitions (all zero on one device).
   TransferStats last_transfer_stats() const { return core_->last_transfer_stats(); }
+  // Whether the last call ran its graph as a CUDA Graph (TraceOptions::cuda_graphs), and why not.
+  CudaGraphInfo cuda_graph_info() const { return core_->cuda_graph_info(); }
 
  private:
   template <class R, class... Args>

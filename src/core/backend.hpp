@@ -5,12 +5,28 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "flowlet/op.hpp"
 
 namespace flowlet::detail {
+
+// A CUDA Graph being recorded from one thread's launches, then replayed (exec/graph_capture.hpp
+// drives it). From start_recording until stop(), the recording thread's allocations on the device
+// come from a pool the graph keeps for its lifetime (replays write the same addresses). Between
+// begin_phase() and end_phase(), every launch the thread makes for the device is recorded, not run.
+// A recording may hold several phases, launched one after another on the device's compute stream.
+class RecordedGraph {
+ public:
+  virtual ~RecordedGraph() = default;  // waits for running launches, then frees the graph and its pool
+  virtual void begin_phase() = 0;
+  virtual void end_phase() = 0;  // DeviceError when the phase could not be recorded
+  virtual void stop() = 0;       // the thread allocates from the device's cache again
+  virtual int phases() const = 0;
+  virtual void launch(int phase) = 0;  // queues phase `phase` on the compute stream
+};
 
 struct DeviceBackend {
   // Devices visible to this process; 0 when there is no device or no driver. Never throws.
@@ -23,6 +39,12 @@ struct DeviceBackend {
   void (*deallocate)(int index, void* data, size_t bytes) noexcept;
   // Waits for every op queued on device `index`.
   void (*synchronize)(int index);
+  // Starts recording a CUDA Graph for device `index` on the calling thread (see RecordedGraph).
+  std::unique_ptr<RecordedGraph> (*start_recording)(int index);
+  // value += scale * update in value's buffer (both contiguous, one floating dtype, shape and device).
+  void (*add_scaled_in_place)(const Tensor& value, const Tensor& update, double scale);
+  // target = source in target's buffer (same dtype, shape and device; target contiguous).
+  void (*copy_in_place)(const Tensor& target, const Tensor& source);
 };
 
 const DeviceBackend& cuda_backend();

@@ -15,9 +15,18 @@ void* cannot_allocate(int index, size_t bytes) {
 }
 void nothing_to_free(int, void*, size_t) noexcept {}
 void nothing_to_wait_for(int) {}
+std::unique_ptr<RecordedGraph> cannot_record(int index) {
+  fail<DeviceError>("CUDA Graph: cannot record for cuda:{}; {}", index, built_without_cuda());
+}
+void cannot_update(const Tensor& value, const Tensor&, double) {
+  fail<DeviceError>("assign_add: cannot update a tensor on {}; {}", value.device(), built_without_cuda());
+}
+void cannot_copy(const Tensor& target, const Tensor&) {
+  fail<DeviceError>("copy: cannot write a tensor on {}; {}", target.device(), built_without_cuda());
+}
 
-const DeviceBackend no_cuda{&no_devices, &built_without_cuda, &cannot_allocate, &nothing_to_free,
-                            &nothing_to_wait_for};
+const DeviceBackend no_cuda{&no_devices,          &built_without_cuda, &cannot_allocate, &nothing_to_free,
+                            &nothing_to_wait_for, &cannot_record,      &cannot_update,   &cannot_copy};
 
 }  // namespace
 

@@ -6,8 +6,10 @@
 
 #include <cmath>
 
+#include "core/backend.hpp"
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
+#include "exec/graph_capture.hpp"
 #include "exec/thread_pool.hpp"
 #include "core/variable_state.hpp"
 #include "flowlet/autodiff.hpp"
@@ -122,16 +124,35 @@ void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, b
   NoDeviceScope here;  // the arithmetic below runs on the variable's device, whatever scope is active
   std::lock_guard lock(s.mutex);
   check_variable_update(assign_mode_name(mode), s, t);
+  const bool on_gpu = s.value.device().kind() != DeviceKind::cpu;
+  // A CUDA Graph being recorded writes into the variable's buffer at every replay, so the buffer
+  // must stay (exec/graph_capture.hpp); an update that cannot do that ends the recording instead.
+  const bool recording = on_gpu && capture_recorder != nullptr;
+  const bool owned = exclusively_owned(s.value);
+  if (recording && !owned) {
+    fail<DeviceError>("{}: variable '{}' on {} is shared with another tensor, so a CUDA Graph cannot update it in "
+                      "place; the function runs uncaptured",
+                      assign_mode_name(mode), s.name, s.value.device());
+  }
   if (mode == AssignMode::assign) {
+    if (recording) return cuda_backend().copy_in_place(s.value, t);
     // A private copy, unless t is a fresh result: later changes to t's storage must not leak in.
     s.value = adopt && t.is_contiguous() ? t : cast(t, t.dtype());
     return;
   }
   const double signed_scale = mode == AssignMode::add ? scale : -scale;
-  // update_in_place is host BLAS: a value on a GPU is updated by ops queued on its device instead.
-  if (s.value.device().kind() == DeviceKind::cpu && exclusively_owned(s.value) &&
-      update_in_place(s.value, t, signed_scale)) {
-    return;
+  if (owned) {
+    // Nobody else sees the value: write into it (on a GPU, queued behind the work that read it).
+    if (!on_gpu && update_in_place(s.value, t, signed_scale)) return;
+    const DType dt = s.value.dtype();
+    if (on_gpu && dt != b8 && (is_floating(dt) || signed_scale == std::trunc(signed_scale))) {
+      return cuda_backend().add_scaled_in_place(s.value, t.contiguous(), signed_scale);
+    }
+  }
+  if (recording) {
+    fail<DeviceError>("{}: variable '{}' ({}) cannot be updated in place, so a CUDA Graph cannot record the update; "
+                      "the function runs uncaptured",
+                      assign_mode_name(mode), s.name, s.value.dtype());
   }
   if (scale == 1.0) {
     s.value = mode == AssignMode::add ? s.value + t : s.value - t;

@@ -1,5 +1,6 @@
 // The per-device caching allocator (see allocator.hpp for why it is safe to reuse blocks at once).
 #include "cuda/allocator.hpp"
+#include "cuda/capture_pool.hpp"
 
 #include <array>
 #include <mutex>
@@ -32,7 +33,19 @@ int device_class(size_t bytes) { return size_class(std::max(bytes, kMinDeviceBlo
 
 }  // namespace
 
+size_t block_bytes(size_t bytes) { return class_bytes(device_class(bytes)); }
+
 void* allocate(int device, size_t bytes) {
+  if (void* block = capture_pool_allocate(device, bytes)) return block;  // a CUDA Graph's recording
+  return allocate_block(device, bytes);
+}
+
+void deallocate(int device, void* data, size_t bytes) noexcept {
+  if (capture_pool_take(device, data, bytes)) return;  // a CUDA Graph's block
+  free_block(device, data, bytes);
+}
+
+void* allocate_block(int device, size_t bytes) {
   const int cls = device_class(bytes);
   DeviceCache& c = cache(device);
   {
@@ -68,7 +81,7 @@ void* allocate(int device, size_t bytes) {
   return block;
 }
 
-void deallocate(int device, void* data, size_t bytes) noexcept {
+void free_block(int device, void* data, size_t bytes) noexcept {
   const int cls = device_class(bytes);
   DeviceCache& c = cache(device);
   std::lock_guard lock(c.mutex);

@@ -18,6 +18,13 @@ namespace flowlet::detail::cuda {
 void* allocate(int device, size_t bytes);  // DeviceError (naming sizes and the cache) when out of memory
 void deallocate(int device, void* data, size_t bytes) noexcept;
 
+// The cache itself, without the CUDA Graph pools (cuda/capture_pool.hpp) that allocate and
+// deallocate consult first: a recording's pool takes its blocks from here and gives them back.
+void* allocate_block(int device, size_t bytes);
+void free_block(int device, void* data, size_t bytes) noexcept;
+// The size of the block that a request of `bytes` gets.
+size_t block_bytes(size_t bytes);
+
 // Returns every cached block of `device` to the driver (after waiting for its stream).
 void release_cached(int device);
 // Bytes held in free blocks of `device`'s cache.

@@ -10,8 +10,9 @@
 namespace flowlet::detail {
 namespace {
 
-const DeviceBackend cuda_device_backend{&cuda::device_count, &cuda::why_no_devices, &cuda::allocate, &cuda::deallocate,
-                         &cuda::synchronize};
+const DeviceBackend cuda_device_backend{&cuda::device_count,      &cuda::why_no_devices,       &cuda::allocate,
+                                        &cuda::deallocate,         &cuda::synchronize,          &cuda::start_recording,
+                                        &cuda::add_scaled_in_place, &cuda::copy_in_place};
 
 }  // namespace
 

@@ -41,9 +41,7 @@ void binary_kernel(const OpCall& call, std::span<Tensor> out) {
   if (call.op.name == "div" && is_integral(a.dtype())) zero_divisor.emplace(out[0].device());
   launcher(call.op)(elementwise_args<3>(call.op.name, out[0], {&a, &b}), element_type(a.dtype()), on,
                     zero_divisor ? zero_divisor->data() : nullptr);
-  if (zero_divisor && zero_divisor->first_bad() >= 0) {
-    fail<InvalidArgument>("div: integer division by zero; got a zero divisor");
-  }
+  if (zero_divisor) zero_divisor->throw_if_marked("div: integer division by zero; got a zero divisor");
 }
 
 void unary_kernel(const OpCall& call, std::span<Tensor> out) {

@@ -7,6 +7,7 @@
 #include "core/allocator.hpp"
 #include "core/check.hpp"
 #include "cuda/check.hpp"
+#include "exec/graph_capture.hpp"
 
 namespace flowlet::detail::cuda {
 namespace {
@@ -52,8 +53,11 @@ DeviceState& state(int index) {
 }
 
 thread_local int current_device = -1;
+constinit thread_local const RecordingStreams* recording = nullptr;
 
 }  // namespace
+
+void set_recording_streams(const RecordingStreams* streams) { recording = streams; }
 
 int device_count() noexcept { return discovery().count; }
 
@@ -65,7 +69,10 @@ void use_device(int index) {
   current_device = index;
 }
 
-cudaStream_t stream(int index) {
+namespace {
+
+// cuda:index's own compute stream (and its state), created on first use.
+cudaStream_t compute_stream(int index) {
   DeviceState& s = state(index);
   std::call_once(s.stream_once, [&] {
     use_device(index);
@@ -75,9 +82,17 @@ cudaStream_t stream(int index) {
   return s.stream;
 }
 
+}  // namespace
+
+cudaStream_t stream(int index) {
+  if (recording != nullptr && recording->device == index) return recording->stream;
+  return compute_stream(index);
+}
+
 cublasHandle_t blas(int index) {
+  if (recording != nullptr && recording->device == index) return recording->blas;
   DeviceState& s = state(index);
-  const cudaStream_t compute = stream(index);
+  const cudaStream_t compute = compute_stream(index);
   std::call_once(s.blas_once, [&] {
     use_device(index);
     FLOWLET_CUDA_CHECK(index, cublasCreate(&s.blas));
@@ -89,9 +104,10 @@ cublasHandle_t blas(int index) {
 Launch launch_on(Device device) {
   const int index = device.index();
   use_device(index);
-  const cudaStream_t compute = stream(index);
+  const cudaStream_t compute = compute_stream(index);  // also creates the device's state
+  const cudaStream_t to = recording != nullptr && recording->device == index ? recording->stream : compute;
   // Eight 256-thread blocks fill an SM (2048 threads); grid-stride loops cover larger work.
-  return Launch{index, compute, state(index).multiprocessors * 8};
+  return Launch{index, to, state(index).multiprocessors * 8};
 }
 
 void synchronize(int index) {
@@ -132,8 +148,20 @@ int64_t read_index(const Tensor& indices, int64_t position) {
 
 }  // namespace
 
+void ErrorFlag::throw_if_marked(std::string message) const {
+  if (capture_recorder != nullptr) {
+    return defer_check([flag = *this, message = std::move(message)] { flag.throw_if_marked(message); });
+  }
+  if (first_bad() >= 0) throw InvalidArgument(message);
+}
+
 void ErrorFlag::throw_if_out_of_range(std::string_view op, std::string_view what, int64_t bound,
                                       const Tensor& indices) const {
+  if (capture_recorder != nullptr) {
+    return defer_check([flag = *this, op = std::string(op), what = std::string(what), bound, indices] {
+      flag.throw_if_out_of_range(op, what, bound, indices);
+    });
+  }
   const int64_t at = first_bad();
   if (at < 0) return;
   fail<OutOfRange>("{}: {} out of range [0, {}); got {} {} at position {}", op, what, bound, what,

@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/backend.hpp"
 #include "cuda/kernels/launch.hpp"
 #include "flowlet/core/tensor.hpp"
 
@@ -37,8 +38,20 @@ Launch launch_on(Device device);
 // Waits for everything queued on cuda:index.
 void synchronize(int index);
 
+// While the calling thread records a CUDA Graph for a device (cuda/graph_capture.cpp), stream(),
+// blas() and launch_on() for that device give the recording's stream and cuBLAS handle, so each
+// launch of the step is recorded into the graph (and nothing runs); other threads are unaffected.
+struct RecordingStreams {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+};
+void set_recording_streams(const RecordingStreams* streams);  // null when the recording ends
+
 // A flag on the device, initialised to "no error" (UINT64_MAX), that kernels lower with atomicMin
 // to the first bad position. first_bad() waits for the kernels and returns the position, or -1.
+// While a CUDA Graph is recorded, the throw_* checks are deferred to after the replay
+// (exec/graph_capture.hpp); the flag's reset is part of the graph.
 class ErrorFlag {
  public:
   explicit ErrorFlag(Device device);
@@ -48,10 +61,17 @@ class ErrorFlag {
   // "<op>: <what> out of range [0, <bound>); got <what> <value> at position <i>", the value read
   // from `indices` (i32 or i64, on the device).
   void throw_if_out_of_range(std::string_view op, std::string_view what, int64_t bound, const Tensor& indices) const;
+  // Waits, then throws InvalidArgument(message) when any position was marked.
+  void throw_if_marked(std::string message) const;
 
  private:
   Tensor flag_;
 };
+
+// graph_capture.cpp: the backend entry points of core/backend.hpp that CUDA Graphs rely on.
+std::unique_ptr<RecordedGraph> start_recording(int device);
+void add_scaled_in_place(const Tensor& value, const Tensor& update, double scale);
+void copy_in_place(const Tensor& target, const Tensor& source);
 
 // flowlet's dtype as the kernels name it.
 inline ElementType element_type(DType dtype) { return static_cast<ElementType>(static_cast<int>(dtype)); }

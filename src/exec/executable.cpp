@@ -15,19 +15,35 @@ int64_t now_ns() {
 
 }  // namespace
 
-Executable::Executable(std::shared_ptr<const Graph> graph, bool dynamic_shapes) : graph_(std::move(graph)) {
+Executable::Executable(std::shared_ptr<const Graph> graph, bool dynamic_shapes, bool cuda_graphs)
+    : graph_(std::move(graph)) {
   partitioned_ = split_partitions(*graph_);
   if (partitioned_.partitions.size() <= 1) {
     plans_.push_back(std::make_unique<Plan>(graph_, dynamic_shapes));
+    why_not_captured_ = GraphCapture::why_not(*graph_, *plans_[0], dynamic_shapes, cuda_graphs);
+    if (why_not_captured_.empty()) capture_ = std::make_unique<GraphCapture>(*graph_, *plans_[0]);
     return;
   }
+  why_not_captured_ = fmt::format("it spans {} devices", partitioned_.partitions.size());
   for (const GraphPartition& part : partitioned_.partitions) {
     plans_.push_back(std::make_unique<Plan>(part.graph, dynamic_shapes, part.global_ids, /*in_group=*/true));
   }
 }
 
+Executable::~Executable() = default;
+
+CudaGraphInfo Executable::cuda_graph_info() const {
+  if (capture_) return capture_->info();
+  CudaGraphInfo info;
+  info.why_not = why_not_captured_;
+  return info;
+}
+
 std::vector<Tensor> Executable::run(std::span<const Tensor> arguments, StepStats* stats) const {
-  if (plans_.size() == 1) return plans_[0]->run(arguments, stats);
+  if (plans_.size() == 1) {
+    if (capture_ && !(stats && stats->record_nodes)) return capture_->run(arguments);
+    return plans_[0]->run(arguments, stats);
+  }
   Rendezvous rendezvous(partitioned_.slots);
   StepShared shared;
   shared.context.rendezvous = &rendezvous;

@@ -13,6 +13,7 @@
 // skipped; waiting Recvs are woken) and its error is rethrown once every running node has stopped.
 #include "exec/executor.hpp"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <condition_variable>
@@ -23,6 +24,7 @@
 #include <string_view>
 
 #include "core/check.hpp"
+#include "exec/graph_capture.hpp"
 #include "exec/thread_pool.hpp"
 #include "ops/internal.hpp"
 
@@ -205,7 +207,13 @@ Plan::Plan(std::shared_ptr<const Graph> graph, bool dynamic_shapes, std::vector<
   }
   // Overlap pays only when two big nodes are independent (neither waits for the other); a chain of
   // big nodes runs faster sequentially, each split over every thread.
-  concurrent_ = forced_mode() == 2 || (forced_mode() == 0 && thread_budget() > 1 && has_independent_expensive_items());
+  // A plan wholly on GPUs gains nothing from host threads: its kernels queue on the device's one
+  // compute stream in issue order (and only a sequential plan can be recorded as a CUDA Graph).
+  const bool on_gpus = !items_.empty() && std::all_of(items_.begin(), items_.end(), [&](const Item& item) {
+    return g.node(item.node).device.kind() == DeviceKind::cuda;
+  });
+  concurrent_ = forced_mode() == 2 ||
+                (forced_mode() == 0 && !on_gpus && thread_budget() > 1 && has_independent_expensive_items());
   dataflow_ = concurrent_ || has_async_ || in_group;
 }
 
@@ -343,6 +351,23 @@ void Plan::run_sequential(Step& step) const {
   for (int32_t i = 0; i < static_cast<int32_t>(items_.size()); ++i) run_item(step, i);
 }
 
+void Plan::run_items(Step& step, int32_t begin, int32_t end) const {
+  if (dataflow_) fail<InvalidArgument>("internal: run_items needs a sequential plan");
+  CaptureRecorder* recorder = capture_recorder;
+  for (int32_t i = begin; i < end; ++i) {
+    if (recorder) recorder->node = &item_node(i);
+    run_item(step, i);
+  }
+  if (step.shared.error) rethrow_from_node(step.shared.error, *step.shared.error_node);
+}
+
+std::vector<Tensor> Plan::outputs(Step& step) const {
+  std::vector<Tensor> result;
+  result.reserve(output_slots_.size());
+  for (size_t i = 0; i < output_slots_.size(); ++i) result.push_back(output(step, i));
+  return result;
+}
+
 void Plan::drain(Step& step, std::vector<int32_t>& ready) const {
   while (!ready.empty()) {
     // Cheap nodes before expensive ones: a Send (or a small node feeding one) may be what another
@@ -457,10 +482,7 @@ std::vector<Tensor> Plan::run(std::span<const Tensor> arguments, StepStats* stat
   }
   if (stats) stats->wall_ns = now_ns() - shared.start_ns;
   if (shared.error) rethrow_from_node(shared.error, *shared.error_node);
-  std::vector<Tensor> outputs;
-  outputs.reserve(output_slots_.size());
-  for (size_t i = 0; i < output_slots_.size(); ++i) outputs.push_back(output(step, i));
-  return outputs;
+  return outputs(step);
 }
 
 }  // namespace flowlet::detail

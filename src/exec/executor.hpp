@@ -87,6 +87,15 @@ class Plan {
 
   const Graph& graph() const { return *graph_; }
 
+  // --- for CUDA Graph recording (exec/graph_capture.cpp): one sequential step run in pieces ---
+  bool sequential() const { return !dataflow_; }
+  int32_t num_items() const { return static_cast<int32_t>(items_.size()); }
+  const Node& item_node(int32_t item) const { return graph_->node(items_[static_cast<size_t>(item)].node); }
+  // Runs items [begin, end) of `step` in order on the calling thread (a sequential plan's step made
+  // by make_step) and rethrows the first error with its node's name.
+  void run_items(Step& step, int32_t begin, int32_t end) const;
+  std::vector<Tensor> outputs(Step& step) const;  // after every item ran
+
  private:
   struct Item {
     int32_t node = -1;        // graph node id

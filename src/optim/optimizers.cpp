@@ -1,8 +1,10 @@
 // Optimizers. Every update is written with public ops on Variables (no private kernels), so a
 // traced training step records the same updates, and the state lives where checkpoints see it.
 #include <cmath>
+#include <mutex>
 
 #include "core/check.hpp"
+#include "core/variable_state.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/optim.hpp"
@@ -37,7 +39,24 @@ Variable& Optimizer::slot(const Variable& var, const std::string& slot_name) {
   return found->second;
 }
 
+void Optimizer::place_counter(const std::vector<Variable>& vars) {
+  if (counter_placed_) return;
+  for (const Variable& var : vars) {
+    if (!var.defined()) continue;
+    counter_placed_ = true;
+    if (var.device() == iterations_.device()) return;
+    // Before the first apply nothing has read the counter on its old device: it moves with its
+    // value (a restored count included).
+    EagerScope eager;
+    auto& state = *static_cast<detail::VariableState*>(const_cast<void*>(iterations_.identity()));
+    std::lock_guard lock(state.mutex);
+    state.value = state.value.to(var.device());
+    return;
+  }
+}
+
 void Optimizer::build(const std::vector<Variable>& vars) {
+  place_counter(vars);
   for (const Variable& var : vars) {
     for (const std::string& slot_name : slot_names()) slot(var, slot_name);
   }
@@ -78,7 +97,7 @@ void Optimizer::apply(const std::vector<Tensor>& grads, const std::vector<Variab
     Variable var = vars[i];
     update(var, grads[i]);
   }
-  iterations_.assign_add(scalar(int64_t{1}));
+  iterations_.assign_add(ones({}, i64, iterations_.device()));
 }
 
 SGD::SGD(double lr, double momentum, bool nesterov, double weight_decay)

@@ -158,6 +158,7 @@ class FunctionCore {
   StepStats last_stats;
   // The last call's transfers; atomics, so single-device calls reset them without the mutex.
   std::atomic<int64_t> last_transfers{0};
+  std::atomic<int> last_run{-1};  // the entry the last call ran (cuda_graph_info)
   std::atomic<int64_t> last_transfer_bytes{0};
 
   // The unknown dimensions as (argument, dimension >= 0), checked against `signature`.
@@ -284,7 +285,8 @@ int TracedCore::finish_trace(const std::vector<ArgSignature>& signature, Builder
     optimize(*graph, passes);
   }
   entry->graph = graph;
-  entry->executable = std::make_unique<Executable>(graph, dynamic);
+  entry->executable = std::make_unique<Executable>(
+      graph, dynamic, core_->options.cuda_graphs && !core_->options.collect_step_stats);
 
   std::lock_guard lock(core_->mutex);
   // Why this trace: the differences from the closest signature already cached.
@@ -327,6 +329,7 @@ std::vector<Tensor> TracedCore::run(int entry, std::span<const Tensor> tensor_ar
     std::lock_guard lock(core_->mutex);
     e = core_->entries.at(static_cast<size_t>(entry));
   }
+  if (core_->last_run.load(std::memory_order_relaxed) != entry) core_->last_run.store(entry, std::memory_order_relaxed);
   if (e->executable->num_partitions() == 1 && !core_->options.collect_step_stats) {
     std::vector<Tensor> outputs = e->executable->run(tensor_args);
     if (core_->last_transfers.load(std::memory_order_relaxed) != 0) {
@@ -363,6 +366,17 @@ const std::string& TracedCore::last_retrace_reason() const {
   return core_->last_reason;
 }
 
+
+CudaGraphInfo TracedCore::cuda_graph_info() const {
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard lock(core_->mutex);
+    const int entry = core_->last_run.load(std::memory_order_relaxed);
+    if (entry < 0) return CudaGraphInfo{false, 0, 0, "not called yet"};
+    e = core_->entries.at(static_cast<size_t>(entry));
+  }
+  return e->executable->cuda_graph_info();
+}
 
 TransferStats TracedCore::last_transfer_stats() const {
   return TransferStats{core_->last_transfers.load(std::memory_order_relaxed),

@@ -95,4 +95,8 @@ void launch_scatter_add(const void* indices, ElementType index_type, const void*
                         ElementType type, int64_t count, int64_t rows, int64_t row, uint64_t* error,
                         const Launch& where);
 
+// value[i] += scale * update[i] over n contiguous elements of a number type (scale integral for
+// integers), in place (variable updates: kernels/update.cu).
+void launch_axpy(void* value, const void* update, int64_t n, ElementType type, double scale, const Launch& where);
+
 }  // namespace flowlet::detail::cuda
