@@ -161,6 +161,9 @@ void gpu_to_host(const Tensor& target, const Tensor& source, size_t bytes) {
       char* pinned = static_cast<char*>(staging.data);
       const size_t chunk = chunk_bytes(bytes);
       for (size_t at = 0; at < bytes; at += chunk) {
+        if (chunks == kMaxChunks) {
+          fail<InvalidArgument>("internal: to_device cut {} bytes into more than {} chunks", bytes, kMaxChunks);
+        }
         FLOWLET_CUDA_CHECK(index, cudaMemcpyAsync(pinned + at, src + at, std::min(chunk, bytes - at),
                                                   cudaMemcpyDeviceToHost, copies));
         chunk_done[static_cast<size_t>(chunks)] = record_event(index, copies);
