@@ -86,7 +86,7 @@ TEST_CASE("round trips of many sizes and every dtype keep their values while mat
       twice.insert(twice.end(), want.begin(), want.end());
       test::check_values(test::values(doubled[k].to(kCpu)), twice, {0, 0});
     }
-    test::check_values(test::values(product), product_want, {1e-5, 1e-5});
+    test::check_values(test::values(product), product_want, {1e-4, 1e-4});
     CHECK(std::isfinite(fl::sum(busy).item<float>()));
   }
 }
