@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "support/gpu.hpp"
 #include "support/reference.hpp"
 
 using test::Domain;
@@ -28,20 +29,8 @@ using Inputs = std::vector<fl::Tensor>;
 const fl::Device kCpu("cpu");
 const fl::Device kGpu("cuda:0");
 
-bool have_gpu() { return fl::device_count(fl::DeviceKind::cuda) > 0; }
-
-// Call first in a test that needs a GPU: true (after saying why) when the test must stop.
-bool skip_without_gpu() {
-  if (have_gpu()) return false;
-  std::string why;  // the library says why, in the error for a device that does not exist
-  try {
-    (void)fl::memory_stats(kGpu);
-  } catch (const fl::DeviceError& e) {
-    why = e.what();
-  }
-  MESSAGE("skipped: no CUDA device visible: " << why);
-  return true;
-}
+using test::have_gpu;
+using test::skip_without_gpu;
 
 // A row: the op it covers, the dtypes it runs, seeded CPU inputs, and the call, which runs where
 // its inputs are (creation ops get the device instead).

@@ -2,7 +2,10 @@
 //   - GEMM 4096^2 in f32, TF32 and bf16: flowlet against a direct cuBLAS call (target >= 95 %);
 //   - c = a + b on 256M f32 elements against the device-to-device copy bandwidth (target >= 85 %);
 //   - eager per-op overhead of a small op, and a chain of small ops eager and traced;
-//   - the MLP training step of ../mlp_step.hpp (784-256-10, SGD) at batch 64 and 1024, eager and traced.
+//   - the MLP training step of ../mlp_step.hpp (784-256-10, SGD) at batch 64 and 1024, eager and traced;
+//   - host transfers: to(cuda:0) of 64 MiB overlapped with a matmul chain against the two one after the
+//     other, and host-to-device / device-to-host bandwidth of to() (pinned staging on the copy streams)
+//     beside cudaMemcpy from pageable memory and from a pinned buffer (the copy engine's rate).
 // The PyTorch figures come from torch_peer.py in the same check (benchmarks/gpu/check.sh).
 // Throughput is timed on the host around a loop that ends in a synchronize, after a warm-up, so
 // flowlet's dispatch and allocation are included; the direct calls run on their own stream.
@@ -13,9 +16,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <fmt/core.h>
 #include <flowlet/flowlet.hpp>
@@ -238,6 +243,73 @@ void mlp_section(int64_t batch) {
   }
 }
 
+// Host transfers of 64 MiB (f32). The overlap figure: a chain of 4096^3 matmuls queued first, then
+// to(cuda:0), timed together and apart; "overlap" is the part of the shorter one hidden behind the
+// longer (1: fully, 0: not at all). Bandwidths: to() both ways against cudaMemcpy from a pageable
+// std::vector and cudaMemcpyAsync from a cudaHostAlloc buffer on a stream of its own (the peer).
+void transfer_section() {
+  const int64_t n = kQuick ? (int64_t{4} << 20) : (int64_t{16} << 20);
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  const double mib = static_cast<double>(bytes) / (1 << 20);
+  const int iterations = kQuick ? 3 : 10;
+  const fl::Device cpu("cpu");
+  const auto sync = [] { fl::synchronize(kGpu); };
+  try {
+    const fl::Tensor host = fl::full({n}, 1.0, fl::f32, cpu);
+    const fl::Tensor on_gpu = host.to(kGpu);
+    const fl::Tensor w = fl::randn({4096, 4096}, 3, fl::f32, kGpu) * (1.0f / 64);  // keeps the chain near 1
+    const auto chain = [&] {
+      fl::Tensor x = w;
+      for (int i = 0; i < 4; ++i) x = fl::matmul(x, w);
+      return x;
+    };
+    const double h2d = best_seconds_per_call(iterations, [&] { (void)host.to(kGpu); }, sync);
+    const double d2h = best_seconds_per_call(iterations, [&] { (void)on_gpu.to(cpu); }, sync);
+    const double compute = best_seconds_per_call(iterations, [&] { (void)chain(); }, sync);
+    const double together = best_seconds_per_call(iterations, [&] {
+      const fl::Tensor busy = chain();  // queued first: the copy runs beside it
+      (void)host.to(kGpu);
+    }, sync);
+    const double serial = h2d + compute;
+    fmt::print("copy overlap h2d {:.0f} MiB with 4 matmuls 4096^3: h2d {:.2f} ms, matmuls {:.2f} ms, serial {:.2f} ms, "
+               "together {:.2f} ms, overlap {:.2f} (1 = the shorter fully hidden)\n",
+               mib, h2d * 1e3, compute * 1e3, serial * 1e3, together * 1e3,
+               (serial - together) / std::min(h2d, compute));
+
+    // The peers, on buffers of their own.
+    void* device_buffer = nullptr;
+    void* pinned = nullptr;
+    cudaStream_t stream = nullptr;
+    std::vector<char> pageable(bytes, 1);
+    check(cudaSetDevice(0), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaMalloc(&device_buffer, bytes), "cudaMalloc");
+    check(cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault), "cudaHostAlloc");
+    std::memset(pinned, 1, bytes);
+    const auto peer = [&](void* dst, const void* src, cudaMemcpyKind kind) {
+      return best_seconds_per_call(
+          iterations, [&] { check(cudaMemcpyAsync(dst, src, bytes, kind, stream), "cudaMemcpyAsync"); },
+          [&] { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); });
+    };
+    const double pageable_h2d = peer(device_buffer, pageable.data(), cudaMemcpyHostToDevice);
+    const double pageable_d2h = peer(pageable.data(), device_buffer, cudaMemcpyDeviceToHost);
+    const double pinned_h2d = peer(device_buffer, pinned, cudaMemcpyHostToDevice);
+    const double pinned_d2h = peer(pinned, device_buffer, cudaMemcpyDeviceToHost);
+    cudaFree(device_buffer);
+    cudaFreeHost(pinned);
+    cudaStreamDestroy(stream);
+    const auto gbs = [&](double seconds) { return static_cast<double>(bytes) / seconds / 1e9; };
+    fmt::print("copy h2d {:.0f} MiB: to() {:.1f} GB/s, cudaMemcpy pageable {:.1f} GB/s, pinned {:.1f} GB/s; "
+               "ratio to pinned {:.3f}\n",
+               mib, gbs(h2d), gbs(pageable_h2d), gbs(pinned_h2d), pinned_h2d / h2d);
+    fmt::print("copy d2h {:.0f} MiB: to() {:.1f} GB/s, cudaMemcpy pageable {:.1f} GB/s, pinned {:.1f} GB/s; "
+               "ratio to pinned {:.3f}\n",
+               mib, gbs(d2h), gbs(pageable_d2h), gbs(pinned_d2h), pinned_d2h / d2h);
+  } catch (const std::exception& e) {
+    fmt::print("error copy: {}\n", e.what());
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -252,5 +324,6 @@ int main() {
   add_section();
   overhead_section();
   for (int64_t batch : {64, 1024}) mlp_section(batch);
+  transfer_section();
   return 0;
 }

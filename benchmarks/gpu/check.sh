@@ -3,7 +3,7 @@
 #   1. unpack the carried Debian packages (benchmarks/gpu/fetch_debs.sh, run beforehand on the
 #      development machine) into a folder of their own, never into /;
 #   2. configure and build flowlet with -Dcuda=enabled against that folder (test_cuda, bench_gpu);
-#   3. run test_cuda, the GPU benchmark and the PyTorch peer;
+#   3. run test_cuda, test_cuda_copy, the GPU benchmark and the PyTorch peer;
 #   4. write a short report, REPORT.md, and every log under $OUT.
 # Each step logs and carries on after a failure, so one run says as much as it can.
 #
@@ -116,7 +116,7 @@ if step configure 120 meson setup "$build" "$root" -Dcuda=enabled -Dbenchmarks=e
     exit 0
   fi
   jobs=$(nproc)
-  step build 300 ninja -C "$build" -j "$jobs" tests/test_cuda benchmarks/gpu/bench_gpu
+  step build 300 ninja -C "$build" -j "$jobs" tests/test_cuda tests/test_cuda_copy benchmarks/gpu/bench_gpu
   built=$?
 else
   built=1
@@ -133,6 +133,12 @@ if [[ -x $build/tests/test_cuda ]]; then
   step test_cuda 180 "$build/tests/test_cuda" --duration=true
   note '```'
   grep -E "test cases:|assertions:|ERROR|FATAL|CHECK" "$OUT/test_cuda.log" | head -n 30 >> "$report"
+  note '```'
+fi
+if [[ -x $build/tests/test_cuda_copy ]]; then
+  step test_cuda_copy 120 "$build/tests/test_cuda_copy" --duration=true
+  note '```'
+  grep -E "test cases:|assertions:|ERROR|FATAL|CHECK" "$OUT/test_cuda_copy.log" | head -n 30 >> "$report"
   note '```'
 fi
 if [[ -x $build/benchmarks/gpu/bench_gpu ]]; then

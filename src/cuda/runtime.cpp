@@ -1,8 +1,10 @@
-// Device discovery, per-device streams and cuBLAS handles, the current device, error flags.
+// Device discovery, per-device streams, event pools and cuBLAS handles, the current device, error flags.
 #include "cuda/runtime.hpp"
 
 #include <array>
+#include <atomic>
 #include <mutex>
+#include <vector>
 
 #include "core/allocator.hpp"
 #include "core/check.hpp"
@@ -40,11 +42,14 @@ const Discovery& discovery() {
 // What one device keeps for the life of the process. Never destroyed: tensors freed during static
 // destruction, and streams the driver tears down itself at exit, must not meet a dead object.
 struct DeviceState {
-  std::once_flag stream_once;
-  cudaStream_t stream = nullptr;
-  int multiprocessors = 1;
+  std::once_flag stream_once[kStreamKinds];
+  // Set once, inside its call_once; synchronize() reads them without creating the copy streams.
+  std::atomic<cudaStream_t> streams[kStreamKinds] = {};
+  int multiprocessors = 1;  // set with the compute stream
   std::once_flag blas_once;
   cublasHandle_t blas = nullptr;
+  std::mutex events_mutex;  // a leaf lock: nothing else is taken or called while it is held
+  std::vector<cudaEvent_t> events;
 };
 
 DeviceState& state(int index) {
@@ -57,8 +62,6 @@ constinit thread_local const RecordingStreams* recording = nullptr;
 
 }  // namespace
 
-void set_recording_streams(const RecordingStreams* streams) { recording = streams; }
-
 int device_count() noexcept { return discovery().count; }
 
 std::string why_no_devices() { return discovery().why_none; }
@@ -69,30 +72,70 @@ void use_device(int index) {
   current_device = index;
 }
 
-namespace {
-
-// cuda:index's own compute stream (and its state), created on first use.
-cudaStream_t compute_stream(int index) {
+cudaStream_t device_stream(int index, StreamKind kind) {
   DeviceState& s = state(index);
-  std::call_once(s.stream_once, [&] {
+  const auto k = static_cast<size_t>(kind);
+  std::call_once(s.stream_once[k], [&] {
     use_device(index);
-    FLOWLET_CUDA_CHECK(index, cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-    FLOWLET_CUDA_CHECK(index, cudaDeviceGetAttribute(&s.multiprocessors, cudaDevAttrMultiProcessorCount, index));
+    if (kind == StreamKind::compute) {
+      FLOWLET_CUDA_CHECK(index, cudaDeviceGetAttribute(&s.multiprocessors, cudaDevAttrMultiProcessorCount, index));
+    }
+    cudaStream_t created = nullptr;
+    FLOWLET_CUDA_CHECK(index, cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
+    s.streams[k].store(created, std::memory_order_release);
   });
-  return s.stream;
+  return s.streams[k].load(std::memory_order_relaxed);  // call_once ordered the store before us
 }
 
-}  // namespace
+void set_recording_streams(const RecordingStreams* streams) { recording = streams; }
 
 cudaStream_t stream(int index) {
   if (recording != nullptr && recording->device == index) return recording->stream;
-  return compute_stream(index);
+  return device_stream(index, StreamKind::compute);
+}
+
+cudaEvent_t take_event(int index) {
+  DeviceState& s = state(index);
+  {
+    std::lock_guard lock(s.events_mutex);
+    if (!s.events.empty()) {
+      cudaEvent_t event = s.events.back();
+      s.events.pop_back();
+      return event;
+    }
+  }
+  // cudaEventCreate makes the event on the current device; callers may be between choosing their
+  // device and launching there (a block freed in between lands here), so the device is put back.
+  const int previous = current_device;
+  use_device(index);
+  cudaEvent_t event = nullptr;
+  FLOWLET_CUDA_CHECK(index, cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  if (previous >= 0) use_device(previous);
+  return event;
+}
+
+void give_event(int index, cudaEvent_t event) noexcept {
+  DeviceState& s = state(index);
+  try {
+    std::lock_guard lock(s.events_mutex);
+    s.events.push_back(event);
+  } catch (...) {  // no memory for the pool: let the event go instead (destroying a recorded event is allowed)
+    cudaEventDestroy(event);
+  }
+}
+
+cudaEvent_t record_event(int index, cudaStream_t on) {
+  cudaEvent_t event = take_event(index);
+  const cudaError_t status = cudaEventRecord(event, on);
+  if (status != cudaSuccess) give_event(index, event);
+  check(status, index, {__func__, "cudaEventRecord(event, on)", __FILE__, __LINE__});
+  return event;
 }
 
 cublasHandle_t blas(int index) {
   if (recording != nullptr && recording->device == index) return recording->blas;
   DeviceState& s = state(index);
-  const cudaStream_t compute = compute_stream(index);
+  const cudaStream_t compute = device_stream(index, StreamKind::compute);
   std::call_once(s.blas_once, [&] {
     use_device(index);
     FLOWLET_CUDA_CHECK(index, cublasCreate(&s.blas));
@@ -104,7 +147,7 @@ cublasHandle_t blas(int index) {
 Launch launch_on(Device device) {
   const int index = device.index();
   use_device(index);
-  const cudaStream_t compute = compute_stream(index);  // also creates the device's state
+  const cudaStream_t compute = device_stream(index, StreamKind::compute);  // also creates the device's state
   const cudaStream_t to = recording != nullptr && recording->device == index ? recording->stream : compute;
   // Eight 256-thread blocks fill an SM (2048 threads); grid-stride loops cover larger work.
   return Launch{index, to, state(index).multiprocessors * 8};
@@ -112,7 +155,12 @@ Launch launch_on(Device device) {
 
 void synchronize(int index) {
   use_device(index);
-  FLOWLET_CUDA_CHECK(index, cudaStreamSynchronize(stream(index)));
+  FLOWLET_CUDA_CHECK(index, cudaStreamSynchronize(device_stream(index, StreamKind::compute)));
+  // The copy streams exist only once a transfer used them; one that was never created has nothing queued.
+  for (const auto kind : {StreamKind::host_to_device, StreamKind::device_to_host}) {
+    const cudaStream_t copies = state(index).streams[static_cast<size_t>(kind)].load(std::memory_order_acquire);
+    if (copies != nullptr) FLOWLET_CUDA_CHECK(index, cudaStreamSynchronize(copies));
+  }
 }
 
 ErrorFlag::ErrorFlag(Device device) : flag_(Tensor::empty(Shape{1}, i64, device)) {

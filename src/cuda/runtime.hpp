@@ -1,10 +1,14 @@
-// The CUDA runtime as the backend uses it: which GPUs exist, each device's compute stream and
-// cuBLAS handle, the calling thread's current device, and error flags that kernels raise for bad
+// The CUDA runtime as the backend uses it: which GPUs exist, each device's streams, pooled events
+// and cuBLAS handle, the calling thread's current device, and error flags that kernels raise for bad
 // data (an index out of range) and the host reads back.
 //
-// One compute stream per device carries every kernel, copy and allocation of that device, so work
-// issued from any thread runs in issue order and a freed block can be reused at once (the caching
-// allocator is stream-ordered). Streams are non-blocking: nothing waits on the legacy default stream.
+// Each device has one compute stream and two copy streams (host-to-device and device-to-host), all
+// non-blocking: nothing waits on the legacy default stream. Every kernel, allocation and GPU-to-GPU
+// copy of a device is queued on its compute stream, so work issued from any thread runs in issue
+// order and a block freed after compute-only use can be reused at once (the caching allocator is
+// stream-ordered on the compute stream). Host transfers run on the copy streams so they overlap
+// compute; copy.cpp orders them against the compute stream with events, and allocator.hpp says how a
+// block used on a copy stream is kept from being reused too early.
 #pragma once
 
 #include <cublas_v2.h>
@@ -30,12 +34,27 @@ void use_device(int index);
 
 // cuda:index's compute stream, created on first use. `index` must exist.
 cudaStream_t stream(int index);
+
+// The streams each device owns. `compute` is the stream stream(index) returns.
+enum class StreamKind { compute, host_to_device, device_to_host };
+inline constexpr int kStreamKinds = 3;
+// One of cuda:index's own streams, created (non-blocking) on first use.
+cudaStream_t device_stream(int index, StreamKind kind);
+
+// Events without timing, from a per-device pool. take_event creates one on cuda:index when the pool
+// is empty (the thread's current device is left as it was); give_event returns one. An event may be
+// given back as soon as nothing will query it or wait on it *later*: a cudaStreamWaitEvent already
+// issued keeps waiting on the record it saw, whatever happens to the event afterwards.
+cudaEvent_t take_event(int index);
+void give_event(int index, cudaEvent_t event) noexcept;
+// A pooled event of cuda:index recorded on `on`, one of cuda:index's streams.
+cudaEvent_t record_event(int index, cudaStream_t on);
 // cuda:index's cuBLAS handle, bound to its compute stream, created on first use.
 cublasHandle_t blas(int index);
 // Where kernels for tensors on `device` run: its device (made current) and compute stream.
 Launch launch_on(Device device);
 
-// Waits for everything queued on cuda:index.
+// Waits for everything queued on cuda:index: its compute stream and its copy streams.
 void synchronize(int index);
 
 // While the calling thread records a CUDA Graph for a device (cuda/graph_capture.cpp), stream(),
