@@ -146,17 +146,20 @@ const std::vector<Row>& table() {
     r.push_back({"uniform", kFloating, [](fl::DType) { return Inputs{}; },
                  [](const Inputs&, fl::DType dt, fl::Device d) { return fl::uniform({1000, 3}, -2.0, 3.0, 43, dt, d); }});
     // Reductions: every axis, one inner axis, non-adjacent axes, a long row that takes two passes.
-    const std::vector<fl::DType> sum_types = {fl::f32, fl::f64, fl::i32, fl::i64, fl::u8, fl::b8};
+    // f16/bf16 read as float, sum in f64 (max in float) and round once, as on the CPU, so the two
+    // agree within the half dtype's default tolerance (an ulp).
+    const std::vector<fl::DType> sum_types = with_halves({fl::f32, fl::f64, fl::i32, fl::i64, fl::u8, fl::b8});
+    const std::vector<fl::DType> max_types = with_halves(test::kNumericDTypes);
     r.push_back(reduce_row("sum", sum_types, {}, false));
     r.push_back(reduce_row("sum", sum_types, {1}, true));
     r.push_back(reduce_row("sum", sum_types, {0, 2}, false));
-    r.push_back(reduce_row("sum", {fl::f32, fl::i64}, {1}, false, {2, 300000}));
-    r.push_back(reduce_row("sum", {fl::f32}, {0}, false, {100000, 3}));
-    r.push_back(reduce_row("max", test::kNumericDTypes, {}, false));
-    r.push_back(reduce_row("max", test::kNumericDTypes, {2}, false));
-    r.push_back(reduce_row("max", test::kNumericDTypes, {0, 2}, true));
+    r.push_back(reduce_row("sum", {fl::f32, fl::i64, fl::bf16}, {1}, false, {2, 300000}));
+    r.push_back(reduce_row("sum", {fl::f32, fl::f16}, {0}, false, {100000, 3}));
+    r.push_back(reduce_row("max", max_types, {}, false));
+    r.push_back(reduce_row("max", max_types, {2}, false));
+    r.push_back(reduce_row("max", max_types, {0, 2}, true));
     for (int64_t axis : {0, 1, -1}) {
-      r.push_back({"argmax", test::kNumericDTypes, random_inputs({{3, 4, 5}}, {Domain::small_ints}),
+      r.push_back({"argmax", max_types, random_inputs({{3, 4, 5}}, {Domain::small_ints}),
                    [axis](const Inputs& in, fl::DType, fl::Device) { return fl::argmax(in[0], axis); }});
     }
     // matmul: plain, batched, a rank-2 operand shared across a batch, a transposed view; f16/bf16
@@ -507,7 +510,7 @@ TEST_CASE("f16 and bf16 matmul and its gradients on the GPU match the CPU") {
     const fl::Tensor gpu = fl::matmul(a.to(kGpu), b.to(kGpu));
     CHECK(gpu.dtype() == dt);
     test::check_values(test::values(gpu), test::values(cpu), test::default_tolerance(dt));
-    // Gradients: x [3, 16, 8] @ w [8, 4] sums w's batch of gradients (in f32, sum takes no halves).
+    // Gradients: x [3, 16, 8] @ w [8, 4] sums w's batch of gradients (a half sum, f64 accumulation).
     auto grads = [dt](fl::Device device) {
       const fl::Tensor x = fl::randn({3, 16, 8}, 7, dt).to(device);
       const fl::Tensor w = fl::randn({8, 4}, 8, dt).to(device);
