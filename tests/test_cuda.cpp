@@ -11,13 +11,17 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
+#include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "support/reference.hpp"
+#include "support/gradient_check.hpp"
+#include "support/mlp.hpp"
 
 using test::Domain;
 
@@ -526,6 +530,57 @@ TEST_CASE("f16 and bf16 matmul and its gradients on the GPU match the CPU") {
     REQUIRE(got.size() == 2);
     const double eps = dt == fl::f16 ? 0x1p-10 : 0x1p-7;
     for (size_t i = 0; i < 2; ++i) test::check_values(got[i], want[i], {4 * eps, 16 * eps});
+  }
+}
+
+TEST_CASE("gradients on cuda:0 match central finite differences in f64, as test_autodiff checks them on the CPU") {
+  if (skip_without_gpu()) return;
+  // A representative set from the CPU's case table: elementwise ops with broadcasting, matmul
+  // (plain, batched, a shared rank-2 operand, a transposed view), sum and max, the softmax family,
+  // gather, concat and where. Every input, op, tape and finite-difference loss runs on cuda:0.
+  const std::map<std::string, test::gradient::Builder> builders = test::gradient::build_cases();
+  int cases_run = 0;
+  for (const char* name : {"add", "mul", "div", "maximum", "tanh", "sigmoid", "cast", "matmul", "sum", "max", "softmax",
+                           "log_softmax", "softmax_cross_entropy", "gather", "concat", "where"}) {
+    for (const test::gradient::GradCase& c : builders.at(name)()) {
+      INFO("op ", name, ", case ", c.label);
+      try {
+        test::gradient::check_case(c, kGpu);
+      } catch (const std::exception& e) {
+        FAIL_CHECK("threw " << test::error_kind(e) << ": " << e.what());
+      }
+      ++cases_run;
+    }
+  }
+  CHECK(cases_run >= 50);
+}
+
+TEST_CASE("a bf16 and an f16 MLP training step on cuda:0, eager and traced, matches the CPU") {
+  if (skip_without_gpu()) return;
+  for (fl::DType dt : test::kHalfDTypes) {
+    for (bool traced : {false, true}) {
+      CAPTURE(dt);
+      CAPTURE(traced);
+      test::MlpOptions o;
+      o.dtype = o.init_dtype = dt;
+      o.steps = 2;
+      o.traced = traced;
+      const test::MlpRun cpu = test::train_mlp(o);
+      o.device = kGpu;
+      const test::MlpRun gpu = test::train_mlp(o);
+      // cuBLAS and the CPU's f32 GEMM on upcast copies both accumulate in f32, in different orders,
+      // so half results differ by at most an ulp; a step then moves each weight by at most an ulp
+      // of it more (2u |w| per step, u the half dtype's unit roundoff).
+      const double u = dt == fl::bf16 ? 0x1p-8 : 0x1p-11;
+      REQUIRE(gpu.losses.size() == cpu.losses.size());
+      for (size_t s = 0; s < cpu.losses.size(); ++s) CHECK(gpu.losses[s] == doctest::Approx(cpu.losses[s]).epsilon(4 * u));
+      for (size_t i = 0; i < cpu.values.size(); ++i) {
+        double largest = 0;
+        for (double v : cpu.values[i]) largest = std::max(largest, std::abs(v));
+        test::check_values(gpu.values[i], cpu.values[i], {0, o.steps * 2 * u * largest});
+      }
+      CHECK(gpu.fused_updates == cpu.fused_updates);  // half weight updates fuse on cuda:0 too
+    }
   }
 }
 
