@@ -11,13 +11,18 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
+#include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "support/gpu.hpp"
+#include "support/gradient_check.hpp"
+#include "support/mlp.hpp"
 #include "support/reference.hpp"
 
 using test::Domain;
@@ -135,17 +140,20 @@ const std::vector<Row>& table() {
     r.push_back({"uniform", kFloating, [](fl::DType) { return Inputs{}; },
                  [](const Inputs&, fl::DType dt, fl::Device d) { return fl::uniform({1000, 3}, -2.0, 3.0, 43, dt, d); }});
     // Reductions: every axis, one inner axis, non-adjacent axes, a long row that takes two passes.
-    const std::vector<fl::DType> sum_types = {fl::f32, fl::f64, fl::i32, fl::i64, fl::u8, fl::b8};
+    // f16/bf16 read as float, sum in f64 (max in float) and round once, as on the CPU, so the two
+    // agree within the half dtype's default tolerance (an ulp).
+    const std::vector<fl::DType> sum_types = with_halves({fl::f32, fl::f64, fl::i32, fl::i64, fl::u8, fl::b8});
+    const std::vector<fl::DType> max_types = with_halves(test::kNumericDTypes);
     r.push_back(reduce_row("sum", sum_types, {}, false));
     r.push_back(reduce_row("sum", sum_types, {1}, true));
     r.push_back(reduce_row("sum", sum_types, {0, 2}, false));
-    r.push_back(reduce_row("sum", {fl::f32, fl::i64}, {1}, false, {2, 300000}));
-    r.push_back(reduce_row("sum", {fl::f32}, {0}, false, {100000, 3}));
-    r.push_back(reduce_row("max", test::kNumericDTypes, {}, false));
-    r.push_back(reduce_row("max", test::kNumericDTypes, {2}, false));
-    r.push_back(reduce_row("max", test::kNumericDTypes, {0, 2}, true));
+    r.push_back(reduce_row("sum", {fl::f32, fl::i64, fl::bf16}, {1}, false, {2, 300000}));
+    r.push_back(reduce_row("sum", {fl::f32, fl::f16}, {0}, false, {100000, 3}));
+    r.push_back(reduce_row("max", max_types, {}, false));
+    r.push_back(reduce_row("max", max_types, {2}, false));
+    r.push_back(reduce_row("max", max_types, {0, 2}, true));
     for (int64_t axis : {0, 1, -1}) {
-      r.push_back({"argmax", test::kNumericDTypes, random_inputs({{3, 4, 5}}, {Domain::small_ints}),
+      r.push_back({"argmax", max_types, random_inputs({{3, 4, 5}}, {Domain::small_ints}),
                    [axis](const Inputs& in, fl::DType, fl::Device) { return fl::argmax(in[0], axis); }});
     }
     // matmul: plain, batched, a rank-2 operand shared across a batch, a transposed view; f16/bf16
@@ -496,7 +504,7 @@ TEST_CASE("f16 and bf16 matmul and its gradients on the GPU match the CPU") {
     const fl::Tensor gpu = fl::matmul(a.to(kGpu), b.to(kGpu));
     CHECK(gpu.dtype() == dt);
     test::check_values(test::values(gpu), test::values(cpu), test::default_tolerance(dt));
-    // Gradients: x [3, 16, 8] @ w [8, 4] sums w's batch of gradients (in f32, sum takes no halves).
+    // Gradients: x [3, 16, 8] @ w [8, 4] sums w's batch of gradients (a half sum, f64 accumulation).
     auto grads = [dt](fl::Device device) {
       const fl::Tensor x = fl::randn({3, 16, 8}, 7, dt).to(device);
       const fl::Tensor w = fl::randn({8, 4}, 8, dt).to(device);
@@ -512,6 +520,57 @@ TEST_CASE("f16 and bf16 matmul and its gradients on the GPU match the CPU") {
     REQUIRE(got.size() == 2);
     const double eps = dt == fl::f16 ? 0x1p-10 : 0x1p-7;
     for (size_t i = 0; i < 2; ++i) test::check_values(got[i], want[i], {4 * eps, 16 * eps});
+  }
+}
+
+TEST_CASE("gradients on cuda:0 match central finite differences in f64, as test_autodiff checks them on the CPU") {
+  if (skip_without_gpu()) return;
+  // A representative set from the CPU's case table: elementwise ops with broadcasting, matmul
+  // (plain, batched, a shared rank-2 operand, a transposed view), sum and max, the softmax family,
+  // gather, concat and where. Every input, op, tape and finite-difference loss runs on cuda:0.
+  const std::map<std::string, test::gradient::Builder> builders = test::gradient::build_cases();
+  int cases_run = 0;
+  for (const char* name : {"add", "mul", "div", "maximum", "tanh", "sigmoid", "cast", "matmul", "sum", "max", "softmax",
+                           "log_softmax", "softmax_cross_entropy", "gather", "concat", "where"}) {
+    for (const test::gradient::GradCase& c : builders.at(name)()) {
+      INFO("op ", name, ", case ", c.label);
+      try {
+        test::gradient::check_case(c, kGpu);
+      } catch (const std::exception& e) {
+        FAIL_CHECK("threw " << test::error_kind(e) << ": " << e.what());
+      }
+      ++cases_run;
+    }
+  }
+  CHECK(cases_run >= 50);
+}
+
+TEST_CASE("a bf16 and an f16 MLP training step on cuda:0, eager and traced, matches the CPU") {
+  if (skip_without_gpu()) return;
+  for (fl::DType dt : test::kHalfDTypes) {
+    for (bool traced : {false, true}) {
+      CAPTURE(dt);
+      CAPTURE(traced);
+      test::MlpOptions o;
+      o.dtype = o.init_dtype = dt;
+      o.steps = 2;
+      o.traced = traced;
+      const test::MlpRun cpu = test::train_mlp(o);
+      o.device = kGpu;
+      const test::MlpRun gpu = test::train_mlp(o);
+      // cuBLAS and the CPU's f32 GEMM on upcast copies both accumulate in f32, in different orders,
+      // so half results differ by at most an ulp; a step then moves each weight by at most an ulp
+      // of it more (2u |w| per step, u the half dtype's unit roundoff).
+      const double u = dt == fl::bf16 ? 0x1p-8 : 0x1p-11;
+      REQUIRE(gpu.losses.size() == cpu.losses.size());
+      for (size_t s = 0; s < cpu.losses.size(); ++s) CHECK(gpu.losses[s] == doctest::Approx(cpu.losses[s]).epsilon(4 * u));
+      for (size_t i = 0; i < cpu.values.size(); ++i) {
+        double largest = 0;
+        for (double v : cpu.values[i]) largest = std::max(largest, std::abs(v));
+        test::check_values(gpu.values[i], cpu.values[i], {0, o.steps * 2 * u * largest});
+      }
+      CHECK(gpu.fused_updates == cpu.fused_updates);  // half weight updates fuse on cuda:0 too
+    }
   }
 }
 

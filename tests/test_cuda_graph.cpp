@@ -7,17 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "support/gpu.hpp"
 #include "support/reference.hpp"
 
 namespace {
 
 const fl::Device kGpu("cuda:0");
 
-bool skip_without_gpu() {
-  if (fl::device_count(fl::DeviceKind::cuda) > 0) return false;
-  MESSAGE("skipped: no CUDA device visible");
-  return true;
-}
+using test::skip_without_gpu;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

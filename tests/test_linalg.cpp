@@ -229,8 +229,8 @@ TEST_CASE("f16 and bf16 matmul is the f32 product of the same values, rounded on
 }
 
 TEST_CASE("f16 and bf16 matmul gradients match the f32 gradients rounded") {
-  // x [3, 4, 5] @ w [5, 2]: w is shared across the batch, so its gradient sums the batch (in f32 for
-  // the halves, which sum takes no f16/bf16 of). The loss is an f32 sum of the upcast product.
+  // x [3, 4, 5] @ w [5, 2]: w is shared across the batch, so its gradient sums the batch (a half sum:
+  // f64 accumulation, rounded once). The loss is an f32 sum of the upcast product.
   uint64_t seed = 950;
   for (fl::DType dt : test::kHalfDTypes) {
     CAPTURE(dt);

@@ -19,7 +19,7 @@ const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 fl::Tensor matrix23() { return fl::tensor(std::vector<float>{1, 2, 3, 4, 5, 6}, fl::Shape{2, 3}); }
 
-fl::DType sum_dtype(fl::DType dt) { return dt == fl::f32 || dt == fl::f64 ? dt : fl::i64; }
+fl::DType sum_dtype(fl::DType dt) { return test::is_float(dt) ? dt : fl::i64; }
 
 Host mean_ref(const Host& x, const std::vector<int64_t>& axes, bool keepdims) {
   Host s = test::sum_ref(x, axes, keepdims);
@@ -294,21 +294,31 @@ TEST_CASE("axes out of range or repeated throw InvalidArgument") {
   check_throws<fl::InvalidArgument>([&] { (void)fl::mean(t, {1, 1}); });
 }
 
-TEST_CASE("reductions of f16 and bf16, and mean of integers, throw DTypeError") {
+TEST_CASE("sum, mean, max and argmax of f16 and bf16 keep the dtype and accumulate in f64") {
   for (fl::DType dt : test::kHalfDTypes) {
     CAPTURE(dt);
-    const fl::Tensor h = fl::ones(fl::Shape{2, 2}, dt);
-    const std::string name(fl::dtype_name(dt));
-    check_op_throws<fl::DTypeError>("sum", [&] { (void)fl::sum(h); }, {name});
-    check_op_throws<fl::DTypeError>("sum", [&] { (void)fl::sum(h, {0}); }, {name});
-    check_op_throws<fl::DTypeError>("max", [&] { (void)fl::max(h); }, {name});
-    check_throws<fl::DTypeError>([&] { (void)fl::mean(h); }, {name});
+    // 10000 ones: a half accumulator stalls at 2048 (f16) or 256 (bf16), where adding 1 rounds
+    // away; 10000 itself is exact in f16 (a multiple of its step 8 there), and rounds to 9984 in
+    // bf16 (step 64), the correctly rounded result.
+    const fl::Tensor ones = fl::ones(fl::Shape{10000}, dt);
+    check_tensor(fl::sum(ones), {dt == fl::f16 ? 10000.0 : 9984.0}, fl::Shape{}, dt, test::Tolerance{0, 0});
+    check_tensor(fl::mean(ones), {1}, fl::Shape{}, dt, test::Tolerance{0, 0});
+    // Column sums of a long axis (the strided path) too.
+    check_tensor(fl::sum(fl::ones(fl::Shape{4096, 3}, dt), {0}), {4096, 4096, 4096}, fl::Shape{3}, dt,
+                 test::Tolerance{0, 0});
+    const fl::Tensor h = test::make({1, -2.5, 3.25, 7, -8, 0.5}, fl::Shape{2, 3}, dt);
+    check_tensor(fl::max(h, {1}), {3.25, 7}, fl::Shape{2}, dt, test::Tolerance{0, 0});
+    check_tensor(fl::max(h), {7}, fl::Shape{}, dt, test::Tolerance{0, 0});
+    check_tensor(fl::argmax(h, 0), {1, 0, 0}, fl::Shape{3}, fl::i64);
+    check_tensor(fl::sum(h, {0}, true), {8, -10.5, 3.75}, fl::Shape{1, 3}, dt, test::Tolerance{0, 0});
   }
+}
+
+TEST_CASE("mean of integers throws DTypeError") {
   for (fl::DType dt : {fl::i32, fl::i64, fl::u8, fl::b8}) {
     CAPTURE(dt);
     check_throws<fl::DTypeError>([&] { (void)fl::mean(fl::ones(fl::Shape{3}, dt)); }, {std::string(fl::dtype_name(dt))});
   }
   // Converting first is the documented way.
-  check_tensor(fl::mean(fl::ones(fl::Shape{4}, fl::f16).astype(fl::f32)), {1}, fl::Shape{}, fl::f32);
   check_tensor(fl::mean(fl::arange(4).astype(fl::f64)), {1.5}, fl::Shape{}, fl::f64);
 }

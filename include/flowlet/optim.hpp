@@ -48,8 +48,13 @@ class Optimizer {
  protected:
   // Updates one variable from its gradient (same shape and dtype, checked by apply).
   virtual void update(Variable& var, const Tensor& grad) = 0;
-  // The names of the slots each variable gets (zeros like it), e.g. {"m", "v"}.
+  // The names of the slots each variable gets (zeros of its shape), e.g. {"m", "v"}. Slots of an
+  // f16/bf16 variable are f32 (see state_dtype).
   virtual std::vector<std::string> slot_names() const { return {}; }
+  // The dtype slots and update arithmetic of a `var_dtype` variable use: the variable's own, but f32
+  // for f16/bf16, whose rounding would break the optimizers (Adam's beta2 = 0.999 is 1.0 in bf16,
+  // and (1 - beta2) g^2 underflows f16); the update is rounded to the variable's dtype once.
+  static DType state_dtype(DType var_dtype);
   // Slot `slot_name` of `var`, named "<optimizer>/<variable>/<slot>".
   Variable& slot(const Variable& var, const std::string& slot_name);
   // The step being applied (1 on the first apply), as a rank-0 tensor of `dtype`.

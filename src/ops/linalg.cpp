@@ -238,13 +238,9 @@ void matmul_kernel(const OpCall& call, std::span<Tensor> out) { gemm_into(call.i
 // The last two dimensions swapped (a view).
 Tensor swap_last(const Tensor& t) { return t.rank() == 2 ? transpose(t) : permute(t, {0, 2, 1}); }
 
-// The batch of gradients of a shared rank-2 operand, summed; sum takes no f16/bf16, so halves sum
-// in f32 and round back once.
-Tensor sum_batch(const Tensor& d) {
-  const DType dt = d.dtype();
-  if (dt != f16 && dt != bf16) return sum(d, {0});
-  return cast(sum(cast(d, f32), {0}), dt);
-}
+// The batch of gradients of a shared rank-2 operand, summed (halves accumulate in f64 and round
+// once, as every sum does).
+Tensor sum_batch(const Tensor& d) { return sum(d, {0}); }
 
 // dA = dC B^T, dB = A^T dC; a rank-2 operand shared across a batch sums its batch of gradients.
 void matmul_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> dx) {

@@ -54,9 +54,21 @@ void one_hot_kernel(const OpCall& call, std::span<Tensor> out) {
   for (size_t i = 0; i < index.size(); ++i) data[static_cast<int64_t>(i) * depth + index[i]] = 1.0f;
 }
 
+// The softmax family computes in f32/f64 only. Half logits are cast up by the caller (the gradient
+// returns through the cast in the half dtype); the error says so rather than upcasting silently,
+// since the loss's precision is the caller's choice.
+void check_logits_dtype(std::string_view op, DType dt) {
+  if (dt == f16 || dt == bf16) {
+    fail<DTypeError>("{}: unsupported dtype; got {}, supported: f32, f64; cast half logits up first, "
+                     "e.g. {}(cast(logits, f32), ...), and the gradient returns in {}",
+                     op, dt, op, dt);
+  }
+  check_dtype(op, dt, kFloatCompute);
+}
+
 void softmax_infer(const OpCall& call, OutputSpec& spec) {
   const Tensor& t = call.inputs[0];
-  check_dtype(call.op.name, t.dtype(), kFloatCompute);
+  check_logits_dtype(call.op.name, t.dtype());
   normalize_axis(call.op.name, call.attrs<AxisAttrs>().axis, t.rank());
   spec.outputs[0] = {t.shape(), t.dtype()};
 }
@@ -96,7 +108,7 @@ void softmax_kernel(const OpCall& call, std::span<Tensor> out) {
 void cross_entropy_infer(const OpCall& call, OutputSpec& spec) {
   const Tensor& logits = call.inputs[0];
   const Tensor& labels = call.inputs[1];
-  check_dtype("softmax_cross_entropy", logits.dtype(), kFloatCompute);
+  check_logits_dtype("softmax_cross_entropy", logits.dtype());
   check_dtype("softmax_cross_entropy", labels.dtype(), bit(i32) | bit(i64));
   if (logits.rank() != 2 || labels.rank() != 1 || labels.shape()[0] != logits.shape()[0]) {
     fail<ShapeError>("softmax_cross_entropy: expects logits [N, C] and labels [N]; got logits {} and labels {}",

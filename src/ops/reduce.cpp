@@ -3,7 +3,9 @@
 // The input is seen as [outer, reduced, inner]: when the reduced axes form one block of adjacent
 // dimensions no copy is made; otherwise they are moved last by one copy. Floating sums accumulate
 // in f64 over 16 lanes and over fixed chunks whose partial sums are added in order, so the result
-// is accurate and bit-identical whatever the thread count.
+// is accurate and bit-identical whatever the thread count. f16/bf16 are read as float (sums still
+// accumulate in f64, max compares in float) and the result is rounded once to the input dtype, as
+// PyTorch does; the f32/f64 loops are the same instantiations as before.
 #include "flowlet/ops/reduce.hpp"
 
 #include <algorithm>
@@ -77,19 +79,23 @@ Blocked block_input(const Tensor& t, const std::vector<int64_t>& axes) {
 
 namespace {
 
+// Floating element types, the 16-bit storage types included: they reduce through compute_t<T>.
+template <class T>
+inline constexpr bool kFloatElement = std::is_floating_point_v<compute_t<T>>;
+
 template <class T>
 struct SumPolicy {
-  using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+  using Acc = std::conditional_t<kFloatElement<T>, double, int64_t>;
   static Acc init() { return Acc{0}; }
   static Acc step(Acc acc, T x) {
-    if constexpr (std::is_floating_point_v<T>) {
-      return acc + static_cast<double>(x);
+    if constexpr (kFloatElement<T>) {
+      return acc + static_cast<double>(static_cast<compute_t<T>>(x));
     } else {  // wraps instead of overflowing
       return static_cast<int64_t>(static_cast<uint64_t>(acc) + static_cast<uint64_t>(static_cast<int64_t>(x)));
     }
   }
   static Acc combine(Acc a, Acc b) {
-    if constexpr (std::is_floating_point_v<T>) return a + b;
+    if constexpr (kFloatElement<T>) return a + b;
     else return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
   }
 };
@@ -103,13 +109,13 @@ struct SumPolicy<bool> {
 
 template <class T>
 struct MaxPolicy {
-  using Acc = T;
+  using Acc = compute_t<T>;  // float for f16/bf16: every half value is exact in float
   static Acc init() {
-    if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::infinity();
-    else return std::numeric_limits<T>::lowest();
+    if constexpr (std::is_floating_point_v<Acc>) return -std::numeric_limits<Acc>::infinity();
+    else return std::numeric_limits<Acc>::lowest();
   }
-  static Acc step(Acc acc, T x) { return (x > acc || x != x) ? x : acc; }  // NaN wins and stays
-  static Acc combine(Acc a, Acc b) { return step(a, b); }
+  static Acc step(Acc acc, T x) { return combine(acc, static_cast<Acc>(x)); }
+  static Acc combine(Acc acc, Acc x) { return (x > acc || x != x) ? x : acc; }  // NaN wins and stays
 };
 
 constexpr int64_t kLanes = 16;
@@ -119,7 +125,7 @@ constexpr int64_t kChunk = 1 << 15;
 template <class P, class T>
 typename P::Acc reduce_run(const T* x, int64_t n) {
   using Acc = typename P::Acc;
-  if constexpr (!std::is_floating_point_v<T>) {
+  if constexpr (!kFloatElement<T>) {
     // Integers are exact in any order, so a plain loop suffices. (GCC 12 at -O3 -march=native
     // miscompiles the lane loop below for u8 input: sums at lengths 32-47 lost 16 elements.)
     Acc total = P::init();
@@ -169,10 +175,10 @@ void reduce_blocked(const Blocked& b, Out* out) {
     if (parallel_rows) {
       parallel_for(outer, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(reduced, 1)),
                    [&](int64_t begin, int64_t end) {
-                     for (int64_t o = begin; o < end; ++o) out[o] = static_cast<Out>(reduce_row<P>(x + o * reduced, reduced, false));
+                     for (int64_t o = begin; o < end; ++o) out[o] = convert<Out>(reduce_row<P>(x + o * reduced, reduced, false));
                    });
     } else {
-      for (int64_t o = 0; o < outer; ++o) out[o] = static_cast<Out>(reduce_row<P>(x + o * reduced, reduced, true));
+      for (int64_t o = 0; o < outer; ++o) out[o] = convert<Out>(reduce_row<P>(x + o * reduced, reduced, true));
     }
     return;
   }
@@ -189,14 +195,14 @@ void reduce_blocked(const Blocked& b, Out* out) {
                      const T* row = x + (o * reduced + r) * inner;
                      for (int64_t j = j0; j < j1; ++j) acc[j - j0] = P::step(acc[j - j0], row[j]);
                    }
-                   for (int64_t j = j0; j < j1; ++j) out[o * inner + j] = static_cast<Out>(acc[j - j0]);
+                   for (int64_t j = j0; j < j1; ++j) out[o * inner + j] = convert<Out>(acc[j - j0]);
                    start += j1 - j0;
                  }
                });
 }
 
-constexpr DTypeSet kSumTypes = kFloatCompute | kIntegers | bit(b8);
-constexpr DTypeSet kOrderTypes = kFloatCompute | kIntegers;
+constexpr DTypeSet kSumTypes = kFloating | kIntegers | bit(b8);
+constexpr DTypeSet kOrderTypes = kFloating | kIntegers;
 
 template <const char* Name, DTypeSet Allowed>
 void reduce_infer(const OpCall& call, OutputSpec& spec) {
@@ -221,7 +227,8 @@ void reduce_kernel(const OpCall& call, std::span<Tensor> out) {
   const Blocked b = block_input(t, reduced_axes(call.op.name, t, call.attrs<ReduceAttrs>()));
   visit_dtype<Allowed>(t.dtype(), [&]<class T>(TypeTag<T>) {
     using Acc = typename Policy<T>::Acc;
-    using Out = std::conditional_t<std::is_floating_point_v<T>, T, std::conditional_t<std::is_same_v<Acc, int64_t>, int64_t, T>>;
+    // Floats (halves included) keep their dtype; integer and b8 sums widen to i64; max keeps T.
+    using Out = std::conditional_t<kFloatElement<T>, T, std::conditional_t<std::is_same_v<Acc, int64_t>, int64_t, T>>;
     reduce_blocked<Policy<T>, T>(b, static_cast<Out*>(out[0].raw_data()));
   });
 }
@@ -249,7 +256,8 @@ void argmax_kernel(const OpCall& call, std::span<Tensor> out) {
         const T* column = x + o * b.reduced * b.inner + j;
         int64_t best = 0;
         for (int64_t r = 1; r < b.reduced; ++r) {
-          const T v = column[r * b.inner], m = column[best * b.inner];
+          using V = compute_t<T>;  // halves compare as float
+          const V v = static_cast<V>(column[r * b.inner]), m = static_cast<V>(column[best * b.inner]);
           if (m != m) break;  // a NaN is the maximum; keep the first
           if (v > m || v != v) best = r;
         }

@@ -48,7 +48,7 @@ void assign_matmul_infer(const OpCall& call, OutputSpec& spec) {
   const Tensor& value = attrs.state->value;
   if (a.rank() != 2 || b.rank() != 2 || a.shape()[1] != b.shape()[0] || a.dtype() != b.dtype() ||
       !(Shape{a.shape()[0], b.shape()[1]} == value.shape()) || a.dtype() != value.dtype() ||
-      (a.dtype() != f32 && a.dtype() != f64)) {
+      !is_floating(a.dtype())) {
     fail<ShapeError>("assign_matmul: a {} {} @ b {} {} does not update variable '{}' ({} {})", a.shape(), a.dtype(),
                      b.shape(), b.dtype(), attrs.state->name, value.shape(), value.dtype());
   }

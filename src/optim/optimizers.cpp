@@ -32,7 +32,8 @@ Variable& Optimizer::slot(const Variable& var, const std::string& slot_name) {
     // Slots are created eagerly even when the first apply() is being traced: they are state that
     // outlives the trace, and the traced graph reads and updates them like any variable.
     EagerScope eager;
-    Variable created(zeros(var.shape(), var.dtype(), var.device()), name_ + "/" + var.name() + "/" + slot_name);
+    Variable created(zeros(var.shape(), state_dtype(var.dtype()), var.device()),
+                     name_ + "/" + var.name() + "/" + slot_name);
     found = per_variable.emplace(slot_name, created).first;
     slot_order_.push_back(created);
   }
@@ -67,6 +68,13 @@ std::vector<Variable> Optimizer::variables() const {
   all.insert(all.end(), slot_order_.begin(), slot_order_.end());
   return all;
 }
+
+DType Optimizer::state_dtype(DType var_dtype) { return var_dtype == f16 || var_dtype == bf16 ? f32 : var_dtype; }
+
+namespace {
+// t in `dtype` (no op when it is already).
+Tensor as(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : cast(t, dtype); }
+}  // namespace
 
 Tensor Optimizer::step(DType dtype) const { return cast(iterations_.value(), dtype) + 1.0; }
 
@@ -118,12 +126,15 @@ std::vector<std::string> SGD::slot_names() const {
 void SGD::update(Variable& var, const Tensor& grad) {
   Tensor g = weight_decay_ > 0.0 ? grad + weight_decay_ * var.value() : grad;
   if (momentum_ == 0.0) {
+    // A half variable's update rounds once, in assign_sub (a product with lr would round lr too).
     var.assign_sub(g, lr_);
     return;
   }
-  Variable& velocity = slot(var, "momentum");
-  velocity.assign(momentum_ * velocity.value() + g);
-  var.assign_sub(nesterov_ ? g + momentum_ * velocity.value() : velocity.value(), lr_);
+  Variable& velocity = slot(var, "momentum");  // f32 for a half variable
+  const Tensor g_state = as(g, velocity.dtype());
+  velocity.assign(momentum_ * velocity.value() + g_state);
+  const Tensor step_direction = nesterov_ ? g_state + momentum_ * velocity.value() : velocity.value();
+  var.assign_sub(as(step_direction, var.dtype()), lr_);
 }
 
 Adam::Adam(double lr, double beta1, double beta2, double eps, double weight_decay)
@@ -143,15 +154,16 @@ Adam::Adam(double lr, double beta1, double beta2, double eps, double weight_deca
 void Adam::update(Variable& var, const Tensor& grad) {
   Variable& m = slot(var, "m");
   Variable& v = slot(var, "v");
-  m.assign(beta1_ * m.value() + (1.0 - beta1_) * grad);
-  v.assign(beta2_ * v.value() + (1.0 - beta2_) * square(grad));
+  const DType dt = m.dtype();  // f32 for a half variable: moments and the update computed there
+  const Tensor g = as(grad, dt);
+  m.assign(beta1_ * m.value() + (1.0 - beta1_) * g);
+  v.assign(beta2_ * v.value() + (1.0 - beta2_) * square(g));
   // The bias correction reads the step from a variable (never a constant baked into a trace).
   // On the variable's device (the step counter may live on another logical device).
-  const Tensor t = step(var.dtype()).to(var.device());
-  const Tensor corrected_lr = lr_ * sqrt(1.0 - pow(full({}, beta2_, var.dtype(), var.device()), t)) /
-                              (1.0 - pow(full({}, beta1_, var.dtype(), var.device()), t));
+  const Tensor t = step(dt).to(var.device());
+  const Tensor corrected_lr = lr_ * sqrt(1.0 - pow(full({}, beta2_, dt, var.device()), t)) /
+                              (1.0 - pow(full({}, beta1_, dt, var.device()), t));
   if (weight_decay_ > 0.0) var.assign_sub(var.value(), lr_ * weight_decay_);
-  var.assign_sub(corrected_lr * m.value() / (sqrt(v.value()) + eps_));
+  var.assign_sub(as(corrected_lr * m.value() / (sqrt(v.value()) + eps_), var.dtype()));
 }
-
 }  // namespace flowlet::optim

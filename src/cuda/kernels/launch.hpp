@@ -63,8 +63,8 @@ void launch_randn(void* out, int64_t n, ElementType type, uint64_t seed, const L
 void launch_uniform(void* out, int64_t n, ElementType type, double lo, double hi, uint64_t seed, const Launch& where);
 
 // Reductions of a contiguous [outer, reduced, inner] block into out[outer, inner]. Sums of floating
-// types accumulate in f64 and of integers in i64 (wrapping), written as the op's output dtype;
-// max keeps NaN. `scratch` has room for reduce_scratch_bytes(...) bytes (null when that is 0):
+// types (f16/bf16 read as float) accumulate in f64 and of integers in i64 (wrapping), written as the
+// op's output dtype; max keeps NaN. `scratch` has room for reduce_scratch_bytes(...) bytes (null when that is 0):
 // partial results of a first pass when the input is too long for one pass to fill the GPU.
 enum class Reduction : uint8_t { sum, max };
 int64_t reduce_scratch_bytes(Reduction op, ElementType type, int64_t outer, int64_t reduced, int64_t inner,

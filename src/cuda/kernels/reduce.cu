@@ -6,6 +6,8 @@
 // together (coalesced). When the outputs alone cannot fill the GPU the reduced axis is cut into
 // chunks whose partial results a second pass combines, in a fixed order: results are
 // deterministic for a given shape (though not bit-identical to the CPU's summation order).
+// f16/bf16 load as float (sums accumulate in f64, max and argmax compare in float) and the result
+// is rounded once to the input dtype, as on the CPU.
 #include "cuda/kernels/device_types.cuh"
 
 namespace flowlet::detail::cuda {
@@ -57,6 +59,13 @@ struct Partials {
   static __device__ Acc combine(Acc a, Acc b) { return P::combine(a, b); }
 };
 
+// Writes an accumulator as the output element type (rounding to f16/bf16 through float).
+template <class Out, class Acc>
+__device__ void store_result(Out* p, Acc acc) {
+  if constexpr (std::is_same_v<compute_t<Out>, Out>) *p = static_cast<Out>(acc);
+  else Element<Out>::store(p, static_cast<float>(acc));
+}
+
 template <class P, class T>
 __device__ typename P::Acc warp_combine(typename P::Acc acc) {
 #pragma unroll
@@ -90,7 +99,7 @@ __global__ void __launch_bounds__(kBlock) reduce_rows(const In* x, Out* out, int
     }
     acc = warp_combine<P, In>(acc);
     if (group == kWarp) {
-      if (lane_in_group == 0 && g < total) out[g] = static_cast<Out>(acc);
+      if (lane_in_group == 0 && g < total) store_result(out + g, acc);
       continue;
     }
     if (threadIdx.x % kWarp == 0) warp_results[threadIdx.x / kWarp] = acc;
@@ -98,7 +107,7 @@ __global__ void __launch_bounds__(kBlock) reduce_rows(const In* x, Out* out, int
     if (threadIdx.x == 0 && g < total) {
       Acc block_acc = warp_results[0];
       for (int w = 1; w < kBlock / kWarp; ++w) block_acc = P::combine(block_acc, warp_results[w]);
-      out[g] = static_cast<Out>(block_acc);
+      store_result(out + g, block_acc);
     }
     __syncthreads();
   }
@@ -121,7 +130,7 @@ __global__ void __launch_bounds__(kBlock) reduce_columns(const In* x, Out* out, 
     Acc acc = P::init();
     const In* column = x + o * reduced * inner + j;
     for (int64_t r = begin; r < end; ++r) acc = P::step(acc, Element<In>::load(column + r * inner));
-    out[t] = static_cast<Out>(acc);
+    store_result(out + t, acc);
   }
 }
 
@@ -175,19 +184,17 @@ void run_reduce(const void* in, void* out, int64_t outer, int64_t reduced, int64
   reduce_pass<Partials<P>, Acc, Out>(partial, static_cast<Out*>(out), outer, s.chunks, inner, second, where);
 }
 
-// Sum writes the input type for floats and i64 for integers and b8; max writes the input type.
+// Sum writes the input type for floats (f16/bf16 included) and i64 for integers and b8; max writes
+// the input type.
 template <class F>
 void visit_reduction(Reduction op, ElementType type, F&& f) {
   if (op == Reduction::sum) {
-    constexpr unsigned kSumTypes = type_bit(ElementType::f32) | type_bit(ElementType::f64) | kIntegerTypes |
-                                   type_bit(ElementType::b8);
-    visit_type<kSumTypes>("sum", type, [&]<class T>(Tag<T>) {
-      using Out = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;
+    visit_type<kNumberTypes | type_bit(ElementType::b8)>("sum", type, [&]<class T>(Tag<T>) {
+      using Out = std::conditional_t<std::is_floating_point_v<compute_t<T>>, T, int64_t>;
       f.template operator()<Sum, T, Out>();
     });
   } else {
-    constexpr unsigned kMaxTypes = type_bit(ElementType::f32) | type_bit(ElementType::f64) | kIntegerTypes;
-    visit_type<kMaxTypes>("max", type, [&]<class T>(Tag<T>) { f.template operator()<Max, T, T>(); });
+    visit_type<kNumberTypes>("max", type, [&]<class T>(Tag<T>) { f.template operator()<Max, T, T>(); });
   }
 }
 
@@ -204,18 +211,19 @@ __device__ bool better(const Candidate<T>& b, const Candidate<T>& a) {  // is b 
   return b.value > a.value || (b.value == a.value && b.index < a.index);
 }
 
-template <class T>
-__global__ void __launch_bounds__(kBlock) argmax_lines(const T* x, int64_t* out, int64_t outer, int64_t reduced,
+template <class In>
+__global__ void __launch_bounds__(kBlock) argmax_lines(const In* x, int64_t* out, int64_t outer, int64_t reduced,
                                                        int64_t inner) {
+  using T = compute_t<In>;  // halves compare as float
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t lines = outer * inner;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kBlock / kWarp);
   for (int64_t line = static_cast<int64_t>(blockIdx.x) * (kBlock / kWarp) + threadIdx.x / kWarp; line < lines;
        line += warps) {
-    const T* start = x + (line / inner) * reduced * inner + line % inner;
-    Candidate<T> best{start[0], reduced};  // index `reduced`: loses to any real element
+    const In* start = x + (line / inner) * reduced * inner + line % inner;
+    Candidate<T> best{Element<In>::load(start), reduced};  // index `reduced`: loses to any real element
     for (int64_t r = lane; r < reduced; r += kWarp) {
-      const Candidate<T> c{start[r * inner], r};
+      const Candidate<T> c{Element<In>::load(start + r * inner), r};
       if (best.index == reduced || better(c, best)) best = c;
     }
 #pragma unroll
@@ -252,8 +260,7 @@ void launch_reduce(Reduction op, const void* in, void* out, ElementType type, in
 void launch_argmax(const void* in, int64_t* out, ElementType type, int64_t outer, int64_t reduced, int64_t inner,
                    const Launch& where) {
   if (outer * inner == 0) return;
-  constexpr unsigned kOrderTypes = type_bit(ElementType::f32) | type_bit(ElementType::f64) | kIntegerTypes;
-  visit_type<kOrderTypes>("argmax", type, [&]<class T>(Tag<T>) {
+  visit_type<kNumberTypes>("argmax", type, [&]<class T>(Tag<T>) {
     argmax_lines<T><<<blocks_for(outer * inner, kBlock / kWarp, where), kBlock, 0, where.stream>>>(
         static_cast<const T*>(in), out, outer, reduced, inner);
     FLOWLET_CUDA_CHECK_LAUNCH(where.device, "argmax");
