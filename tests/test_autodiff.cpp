@@ -575,17 +575,11 @@ TEST_CASE("a gradient penalty (the squared norm of the input gradient) different
   }
 
   const std::vector<double> base = test::values(w.value());
-  std::vector<double> want(base.size());
-  const double h = 1e-6;
-  for (size_t j = 0; j < base.size(); ++j) {
-    auto at = [&](double delta) {
-      std::vector<double> moved = base;
-      moved[j] += delta;
-      w.assign(test::make(moved, {3, 2}, fl::f64));
-      return penalty().item<double>();
-    };
-    want[j] = (at(h) - at(-h)) / (2 * h);
-  }
+  const std::vector<double> want =
+      test::gradient::central_differences(base, 1e-6, [&](const std::vector<double>& moved) {
+        w.assign(test::make(moved, {3, 2}, fl::f64));
+        return penalty().item<double>();
+      });
   w.assign(test::make(base, {3, 2}, fl::f64));
   test::check_tensor(got, want, {3, 2}, fl::f64, test::Tolerance{1e-6, 1e-6});
 }

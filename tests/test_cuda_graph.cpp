@@ -25,14 +25,20 @@ fl::Tensor chain(const fl::Tensor& x, const fl::Tensor& y) {
   return fl::sum(t * t, {1});
 }
 
-// A two-layer model and its SGD (with momentum when `momentum` > 0) step on `device`.
+// A two-layer model and its training step on `device`: SGD (with momentum when `momentum` > 0), or
+// Adam when `momentum` is negative.
 struct Model {
   std::vector<fl::Variable> vars;
-  std::unique_ptr<fl::optim::SGD> opt;
+  std::unique_ptr<fl::optim::Optimizer> opt;
   Model(fl::Device device, double momentum)
       : vars{fl::Variable((fl::randn({6, 8}, 1) * 0.3f).to(device), "w1"), fl::Variable(fl::zeros({8}).to(device), "b1"),
-             fl::Variable((fl::randn({8, 3}, 2) * 0.3f).to(device), "w2")},
-        opt(std::make_unique<fl::optim::SGD>(0.1, momentum)) {}
+             fl::Variable((fl::randn({8, 3}, 2) * 0.3f).to(device), "w2")} {
+    if (momentum < 0) {
+      opt = std::make_unique<fl::optim::Adam>(0.01);
+    } else {
+      opt = std::make_unique<fl::optim::SGD>(0.1, momentum);
+    }
+  }
   fl::Tensor step(const fl::Tensor& x, const fl::Tensor& labels) {
     fl::GradientTape tape;
     const fl::Tensor h = fl::relu(fl::matmul(x, vars[0].value()) + vars[1].value());
@@ -127,9 +133,9 @@ TEST_CASE("a chain of small ops on cuda:0 replays as a CUDA Graph and equals the
   CHECK(contains(plain.cuda_graph_info().why_not, "turned off"));
 }
 
-TEST_CASE("SGD and momentum steps on cuda:0 replay as a CUDA Graph, update variables in place, and match the plan") {
+TEST_CASE("SGD, momentum and Adam steps on cuda:0 replay as a CUDA Graph, update in place, and match the plan") {
   if (skip_without_gpu()) return;
-  for (double momentum : {0.0, 0.9}) {
+  for (double momentum : {0.0, 0.9, -1.0}) {  // -1: Adam
     CAPTURE(momentum);
     Model a(kGpu, momentum), b(kGpu, momentum);
     auto captured = fl::trace([&](fl::Tensor x, fl::Tensor y) { return a.step(x, y); });

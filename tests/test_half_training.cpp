@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "support/gradient_check.hpp"
 #include "support/mlp.hpp"
 
 namespace {
@@ -126,16 +127,10 @@ TEST_CASE("the bf16 gradient of a broadcast bias matches central finite differen
   // Finite differences in f64 at the same (bf16) values.
   auto f64 = [](const fl::Tensor& t) { return test::make(test::values(t), t.shape(), fl::f64); };
   const std::vector<double> base = test::values(b);
-  std::vector<double> numeric(base.size());
-  constexpr double kEps = 1e-6;
-  for (size_t j = 0; j < base.size(); ++j) {
-    auto at = [&](double delta) {
-      std::vector<double> moved = base;
-      moved[j] += delta;
-      return test::values(loss_of(f64(x), f64(w), test::make(moved, fl::Shape{3}, fl::f64), f64(r)))[0];
-    };
-    numeric[j] = (at(kEps) - at(-kEps)) / (2 * kEps);
-  }
+  const std::vector<double> numeric =
+      test::gradient::central_differences(base, 1e-6, [&](const std::vector<double>& moved) {
+        return test::values(loss_of(f64(x), f64(w), test::make(moved, fl::Shape{3}, fl::f64), f64(r)))[0];
+      });
   // Each of the 8 terms |r (1 - tanh^2)| <= |r| carries a few bf16 roundings (the product, the sum
   // with b, tanh, the products of the backward pass): a relative error of about 4u each, so the
   // sum is within 4u * sum|r| (plus rounding the result, u relative).

@@ -3,7 +3,7 @@
 #   1. unpack the carried Debian packages (benchmarks/gpu/fetch_debs.sh, run beforehand on the
 #      development machine) into a folder of their own, never into /;
 #   2. configure and build flowlet with -Dcuda=enabled against that folder (test_cuda, bench_gpu);
-#   3. run test_cuda, test_cuda_copy, the GPU benchmark and the PyTorch peer;
+#   3. run test_cuda, test_cuda_copy, test_cuda_graph, the GPU benchmark and the PyTorch peer;
 #   4. write a short report, REPORT.md, and every log under $OUT.
 # Each step logs and carries on after a failure, so one run says as much as it can.
 #
@@ -108,7 +108,7 @@ ${PKG_CONFIG:-pkg-config} --cflags --libs fmt openblas xtensor zlib > "$OUT/pkg-
 # 2. Configure and build (only what the check runs).
 build=$root/build/gpu
 rm -rf "$build"
-if step configure 120 meson setup "$build" "$root" -Dcuda=enabled -Dbenchmarks=enabled -Dnative=true \
+if step configure 40 meson setup "$build" "$root" -Dcuda=enabled -Dbenchmarks=enabled -Dnative=true \
     --buildtype=release; then
   if [[ -n ${FLOWLET_GPU_CONFIGURE_ONLY:-} ]]; then
     note "- stopped after configuring (FLOWLET_GPU_CONFIGURE_ONLY)"
@@ -116,7 +116,8 @@ if step configure 120 meson setup "$build" "$root" -Dcuda=enabled -Dbenchmarks=e
     exit 0
   fi
   jobs=$(nproc)
-  step build 300 ninja -C "$build" -j "$jobs" tests/test_cuda tests/test_cuda_copy benchmarks/gpu/bench_gpu
+  step build 180 ninja -C "$build" -j "$jobs" tests/test_cuda tests/test_cuda_copy tests/test_cuda_graph \
+    benchmarks/gpu/bench_gpu
   built=$?
 else
   built=1
@@ -129,26 +130,24 @@ if (( built != 0 )) && [[ -f $OUT/build.log ]]; then
 fi
 
 # 3. Tests, the benchmark, the PyTorch peer.
-if [[ -x $build/tests/test_cuda ]]; then
-  step test_cuda 180 "$build/tests/test_cuda" --duration=true
-  note '```'
-  grep -E "test cases:|assertions:|ERROR|FATAL|CHECK" "$OUT/test_cuda.log" | head -n 30 >> "$report"
-  note '```'
-fi
-if [[ -x $build/tests/test_cuda_copy ]]; then
-  step test_cuda_copy 120 "$build/tests/test_cuda_copy" --duration=true
-  note '```'
-  grep -E "test cases:|assertions:|ERROR|FATAL|CHECK" "$OUT/test_cuda_copy.log" | head -n 30 >> "$report"
-  note '```'
-fi
+# Limits keep the whole check within 8 minutes of device time even when every step runs long.
+for check in test_cuda:60 test_cuda_copy:40 test_cuda_graph:20; do
+  name=${check%%:*}
+  if [[ -x $build/tests/$name ]]; then
+    step "$name" "${check##*:}" "$build/tests/$name" --duration=true
+    note '```'
+    grep -E "test cases:|assertions:|ERROR|FATAL|CHECK" "$OUT/$name.log" | head -n 30 >> "$report"
+    note '```'
+  fi
+done
 if [[ -x $build/benchmarks/gpu/bench_gpu ]]; then
-  step bench_gpu 150 "$build/benchmarks/gpu/bench_gpu"
+  step bench_gpu 80 "$build/benchmarks/gpu/bench_gpu"
   note '```'
   grep -E "^(gemm|add|copy|eager|traced|mlp|note|error)" "$OUT/bench_gpu.log" >> "$report"
   note '```'
 fi
 if python3 -c "import torch" > /dev/null 2>&1; then
-  step torch_peer 150 python3 "$root/benchmarks/gpu/torch_peer.py"
+  step torch_peer 50 python3 "$root/benchmarks/gpu/torch_peer.py"
   note '```'
   grep -E "^(torch|note|error)" "$OUT/torch_peer.log" >> "$report"
   note '```'

@@ -296,6 +296,22 @@ inline Inputs inputs_in(const GradCase& c, fl::DType dt) {
   return out;
 }
 
+// d f / d x_j at `base` for every j, by central differences of step h: f gets base with x_j moved.
+inline std::vector<double> central_differences(const std::vector<double>& base, double h,
+                                               const std::function<double(const std::vector<double>&)>& f) {
+  std::vector<double> slopes(base.size());
+  std::vector<double> moved = base;
+  for (size_t j = 0; j < base.size(); ++j) {
+    moved[j] = base[j] + h;
+    const double plus = f(moved);
+    moved[j] = base[j] - h;
+    const double minus = f(moved);
+    moved[j] = base[j];
+    slopes[j] = (plus - minus) / (2 * h);
+  }
+  return slopes;
+}
+
 inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   double total = 0;
   for (size_t i = 0; i < a.size(); ++i) total += a[i] * b[i];
@@ -325,17 +341,11 @@ inline void check_case(const GradCase& c, const fl::Device& device = fl::Device(
     INFO("input ", pos);
     const fl::Tensor& x = c.inputs[pos];
     const std::vector<double> base = test::values(x);
-    std::vector<double> numeric(base.size());
-    for (size_t j = 0; j < base.size(); ++j) {
-      auto loss_at = [&](double delta) {
-        std::vector<double> moved = base;
-        moved[j] += delta;
-        Inputs in = inputs;
-        in[pos] = test::make(moved, x.shape(), fl::f64).to(device);
-        return dot(test::values(c.fn(in)), w);
-      };
-      numeric[j] = (loss_at(kEps) - loss_at(-kEps)) / (2 * kEps);
-    }
+    const std::vector<double> numeric = central_differences(base, kEps, [&](const std::vector<double>& moved) {
+      Inputs in = inputs;
+      in[pos] = test::make(moved, x.shape(), fl::f64).to(device);
+      return dot(test::values(c.fn(in)), w);
+    });
     CHECK(grads[k].device() == device);
     test::check_tensor(grads[k], numeric, x.shape(), fl::f64, kGradTolerance);
   }
