@@ -42,8 +42,9 @@ constinit thread_local CapturePool::State* recording_pool = nullptr;
 // The shared_ptr of recording_pool, for blocks that the pool adopts.
 thread_local std::shared_ptr<CapturePool::State> recording_pool_owner;
 
-// Takes a block from the cache while the thread's capture forbids cudaMalloc: switching this
-// thread to relaxed mode for the call is the documented way (cudaThreadExchangeStreamCaptureMode).
+// Takes a block from the cache while the thread records: a global or thread-local capture would
+// forbid cudaMalloc, so the thread is in relaxed mode for the call, the documented push/pop of
+// cudaThreadExchangeStreamCaptureMode (a no-op for the relaxed recordings graph_capture.cpp makes).
 void* block_from_cache(int device, size_t bytes) {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);

@@ -5,8 +5,8 @@
 // From start until stop, the recording thread's allocations on the pool's device come from the
 // pool: a block freed inside the recording is reused by a later allocation of the same recording
 // (safe: the recorded work runs in recording order on one stream), and a block the pool lacks is
-// taken from the device's cache (cudaMalloc allowed for the moment, since a thread-local capture
-// forbids it). A block another thread frees goes to its owner's pool wherever it was allocated.
+// taken from the device's cache (with the thread switched to relaxed capture mode for the call, so
+// cudaMalloc is allowed whatever mode the recording uses). A block another thread frees goes to its owner's pool wherever it was allocated.
 // When the graph is destroyed its pool is released: free blocks go back to the cache at once, and
 // blocks still held by tensors go back when those are freed. Replays run on the compute stream, so
 // a released block handed to eager work there is ordered after the graph's last launch.

@@ -4,6 +4,7 @@
 
 #include "core/backend.hpp"
 #include "core/check.hpp"
+#include "cuda/allocator.hpp"
 #include "cuda/capture_pool.hpp"
 #include "cuda/check.hpp"
 #include "cuda/runtime.hpp"
@@ -12,9 +13,16 @@ namespace flowlet::detail::cuda {
 namespace {
 
 // Each phase is recorded from a stream of its own (capture needs a stream nobody else uses: the
-// compute stream carries other threads' eager work) with a cuBLAS handle bound to it, in
-// thread-local mode, so a kernel that would synchronize on the host fails the recording instead
-// of running. Replays launch on the compute stream, ordered with everything else on the device.
+// compute stream carries other threads' eager work) with a cuBLAS handle bound to it. Relaxed mode:
+// a kernel that would synchronize on the recording stream still fails the recording (that call
+// conflicts with capture in every mode), while a library's own set-up calls on first use (cuBLAS
+// on a new handle) are tolerated; flowlet's kernels make no synchronous copies or allocations
+// outside the pool. The handle gets a fixed workspace, so cuBLAS allocates nothing while recording
+// (otherwise it would put allocation nodes in the graph). Replays launch on the compute stream,
+// ordered with everything else on the device.
+// cuBLAS's recommended workspace on Hopper (its documentation of cublasSetWorkspace); ample before.
+constexpr size_t kBlasWorkspace = size_t{32} << 20;
+
 class CudaRecordedGraph final : public RecordedGraph {
  public:
   explicit CudaRecordedGraph(int device) : device_(device), pool_(device) {
@@ -24,6 +32,8 @@ class CudaRecordedGraph final : public RecordedGraph {
     streams_.device = device_;
     FLOWLET_CUDA_CHECK(device_, cublasCreate(&streams_.blas));
     FLOWLET_CUDA_CHECK(device_, cublasSetStream(streams_.blas, streams_.stream));
+    workspace_ = allocate_block(device_, kBlasWorkspace);
+    FLOWLET_CUDA_CHECK(device_, cublasSetWorkspace(streams_.blas, workspace_, kBlasWorkspace));
     pool_.start();
   }
 
@@ -38,12 +48,13 @@ class CudaRecordedGraph final : public RecordedGraph {
     if (streams_.blas) cublasDestroy(streams_.blas);
     if (streams_.stream) cudaStreamDestroy(streams_.stream);
     cudaGetLastError();  // nothing to report from a destructor
+    if (workspace_) free_block(device_, workspace_, kBlasWorkspace);
     pool_.release();
   }
 
   void begin_phase() override {
     use_device(device_);
-    FLOWLET_CUDA_CHECK(device_, cudaStreamBeginCapture(streams_.stream, cudaStreamCaptureModeThreadLocal));
+    FLOWLET_CUDA_CHECK(device_, cudaStreamBeginCapture(streams_.stream, cudaStreamCaptureModeRelaxed));
     capturing_ = true;
     set_recording_streams(&streams_);
   }
@@ -58,7 +69,8 @@ class CudaRecordedGraph final : public RecordedGraph {
     FLOWLET_CUDA_CHECK(device_, ended);
     graphs_.push_back(graph);
     cudaGraphExec_t exec = nullptr;
-    FLOWLET_CUDA_CHECK(device_, cudaGraphInstantiate(&exec, graph, 0));
+    // Should a library still allocate inside the graph, its memory is freed before each relaunch.
+    FLOWLET_CUDA_CHECK(device_, cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch));
     execs_.push_back(exec);
   }
 
@@ -85,6 +97,7 @@ class CudaRecordedGraph final : public RecordedGraph {
   int device_;
   CapturePool pool_;
   RecordingStreams streams_;
+  void* workspace_ = nullptr;  // the recording handle's cuBLAS workspace, used by every replay
   bool capturing_ = false;
   std::vector<cudaGraph_t> graphs_;
   std::vector<cudaGraphExec_t> execs_;
