@@ -251,6 +251,8 @@ void to_device_kernel(const OpCall& call, std::span<Tensor> out) {
 
 }  // namespace
 
+void copy_in_place(const Tensor& target, const Tensor& source) { copy_on_device(target, source); }
+
 void add_copy_kernels(const OpList& ops) {
   set_kernel(ops, "to_device", &to_device_kernel);
   set_kernel(ops, "copy", &copy_kernel);

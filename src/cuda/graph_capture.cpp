@@ -1,5 +1,5 @@
-// Recording CUDA Graphs (core/backend.hpp's RecordedGraph), and the two in-place writes that keep
-// a variable's buffer where a recording saw it (value += scale * update, target = source).
+// Recording CUDA Graphs (core/backend.hpp's RecordedGraph), and value += scale * update in place,
+// which keeps a variable's buffer where a recording saw it (copy_in_place is copy.cpp's).
 #include <vector>
 
 #include "core/backend.hpp"
@@ -110,15 +110,6 @@ std::unique_ptr<RecordedGraph> start_recording(int device) { return std::make_un
 void add_scaled_in_place(const Tensor& value, const Tensor& update, double scale) {
   const Launch on = launch_on(value.device());
   launch_axpy(value.raw_data(), update.raw_data(), value.numel(), element_type(value.dtype()), scale, on);
-}
-
-void copy_in_place(const Tensor& target, const Tensor& source) {
-  const Tensor packed = source.contiguous();
-  const Launch on = launch_on(target.device());
-  const size_t bytes = static_cast<size_t>(target.numel()) * dtype_size(target.dtype());
-  if (bytes == 0) return;
-  FLOWLET_CUDA_CHECK(on.device,
-                     cudaMemcpyAsync(target.raw_data(), packed.raw_data(), bytes, cudaMemcpyDeviceToDevice, on.stream));
 }
 
 }  // namespace flowlet::detail::cuda

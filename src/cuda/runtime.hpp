@@ -87,7 +87,8 @@ class ErrorFlag {
   Tensor flag_;
 };
 
-// graph_capture.cpp: the backend entry points of core/backend.hpp that CUDA Graphs rely on.
+// The backend entry points of core/backend.hpp that CUDA Graphs rely on: graph_capture.cpp's
+// recording and axpy, and copy.cpp's element copy into an existing tensor (any source layout).
 std::unique_ptr<RecordedGraph> start_recording(int device);
 void add_scaled_in_place(const Tensor& value, const Tensor& update, double scale);
 void copy_in_place(const Tensor& target, const Tensor& source);

@@ -96,9 +96,9 @@ std::string GraphCapture::why_not(const Graph& graph, const Plan& plan, bool dyn
 
 GraphCapture::GraphCapture(const Graph& graph, const Plan& plan) : graph_(graph), plan_(plan) {
   first_write_ = plan.num_items();
+  device_ = plan.item_node(0).device.index();  // why_not: at least one item, every node on one GPU
   for (int32_t i = 0; i < plan.num_items(); ++i) {
     const Node& node = plan.item_node(i);
-    device_ = node.device.index();
     if (!touches_variable(*node.op)) continue;
     if (writes_variable(*node.op) && first_write_ == plan.num_items()) first_write_ = i;
     VariableState* state = static_cast<const VariableAttrs*>(node.attributes.get())->state.get();
