@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -264,10 +265,21 @@ std::vector<T> one_blas_call(const fl::Tensor& a, const fl::Tensor& b, bool a_tr
   return c;
 }
 
+// The split product equals one call within rounding. Not bit for bit: which micro-kernel OpenBLAS
+// picks (OPENBLAS_CORETYPE=Haswell on an AVX-512 machine, say) decides how a row block's edge is
+// tiled, so a block may sum a few products in another order than the whole call does. A block
+// placed wrongly (a row or column off) is off by O(1), far outside this bound.
 template <class T>
-bool same_bits(const fl::Tensor& got, const std::vector<T>& want) {
+bool matches_one_call(const fl::Tensor& got, const std::vector<T>& want) {
   const fl::Tensor g = got.contiguous();
-  return static_cast<size_t>(g.numel()) == want.size() && std::memcmp(g.data<T>(), want.data(), want.size() * sizeof(T)) == 0;
+  if (static_cast<size_t>(g.numel()) != want.size()) return false;
+  double scale = 0;
+  for (const T w : want) scale = std::max(scale, std::abs(static_cast<double>(w)));
+  const T* values = g.data<T>();
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::abs(static_cast<double>(values[i]) - static_cast<double>(want[i])) > 1e-5 * scale) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -278,14 +290,14 @@ TEST_CASE("a big matmul split over the pool matches a naive loop and one BLAS ca
     const fl::Tensor c = fl::matmul(a, b);
     CHECK(test::check_tensor(c, test::matmul_ref(test::host(a), test::host(b)).values, fl::Shape{517, 389}, fl::f32,
                              test::Tolerance{1e-4, 1e-3}));
-    CHECK(same_bits(c, one_blas_call<float>(a, b, false)));
+    CHECK(matches_one_call(c, one_blas_call<float>(a, b, false)));
   }
   SUBCASE("wide f32 with a transposed view: split by columns") {
     const fl::Tensor at = fl::randn(fl::Shape{700, 96}, 13), b = fl::randn(fl::Shape{700, 901}, 14);
     const fl::Tensor c = fl::matmul(fl::transpose(at), b);  // a [96, 700] view: BLAS gets a transpose flag
     CHECK(test::check_tensor(c, test::matmul_ref(test::host(fl::transpose(at)), test::host(b)).values,
                              fl::Shape{96, 901}, fl::f32, test::Tolerance{1e-4, 1e-3}));
-    CHECK(same_bits(c, one_blas_call<float>(at, b, true)));
+    CHECK(matches_one_call(c, one_blas_call<float>(at, b, true)));
   }
   SUBCASE("f64 within rounding of the naive loop") {
     // f64 is not compared bit for bit: OpenBLAS's f64 edge tiles may sum in another order.
@@ -298,7 +310,7 @@ TEST_CASE("a big matmul split over the pool matches a naive loop and one BLAS ca
     const fl::Tensor c = fl::matmul(a, b);
     for (int64_t i = 0; i < 6; ++i) {
       const fl::Tensor ai = fl::reshape(fl::slice(a, 0, i, 1), fl::Shape{200, 300});
-      CHECK(same_bits<float>(fl::slice(c, 0, i, 1), one_blas_call<float>(ai, b, false)));
+      CHECK(matches_one_call<float>(fl::slice(c, 0, i, 1), one_blas_call<float>(ai, b, false)));
     }
   }
 }
@@ -309,8 +321,8 @@ TEST_CASE("matmuls from two threads at once give the results of running them one
   const std::vector<float> ab = one_blas_call<float>(a, b, false);
   const std::vector<float> db = one_blas_call<float>(d, b, false);
   bool ok[2] = {false, false};
-  std::thread first([&] { ok[0] = same_bits(fl::matmul(a, b), ab); });
-  std::thread second([&] { ok[1] = same_bits(fl::matmul(d, b), db); });
+  std::thread first([&] { ok[0] = matches_one_call(fl::matmul(a, b), ab); });
+  std::thread second([&] { ok[1] = matches_one_call(fl::matmul(d, b), db); });
   first.join();
   second.join();
   CHECK(ok[0]);

@@ -88,8 +88,9 @@ BlasOperand blas_operand(const Tensor& t) {
 // small-matrix size (about 1e6), whose kernel sums in another order than the blocked one.
 constexpr double kGemmWorkPerThread = 160.0 * 160.0 * 160.0;
 // Blocks start at multiples of this many rows (columns), a multiple of OpenBLAS's micro-tiles, so
-// a block is tiled as in one call. Every block sums the full k, and with OpenBLAS 0.3.21 f32
-// products then have the same bits for any thread count (f64 edge tiles may differ in the last bit).
+// a block is tiled as in one call. Every block sums the full k, so a split product equals one call
+// within rounding; bit for bit too on most kernels, but not all (OpenBLAS's Haswell kernels on an
+// AVX-512 machine tile a block's edge in another order).
 constexpr int64_t kGemmAlign = 16;
 
 // OpenBLAS would otherwise start its own threads for every call on top of the pool (two GEMMs from
