@@ -167,7 +167,7 @@ struct Op {
 };
 
 // Every op of the library, by name, graph-only ones included. Built on first use: each device
-// backend adds its kernels then (one call per backend, src/ops/registry.cpp).
+// backend adds its kernels then (one call per backend, src/registry.cpp).
 const std::vector<Op*>& all_ops();
 Op* find_op(std::string_view name);  // nullptr when unknown
 

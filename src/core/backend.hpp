@@ -53,7 +53,7 @@ struct DeviceBackend {
   void (*add_scaled_in_place)(const Tensor& value, const Tensor& update, double scale);
   // target = source in target's buffer (same dtype, shape and device; target contiguous).
   void (*copy_in_place)(const Tensor& target, const Tensor& source);
-  // Called once, while the op table is built (src/ops/registry.cpp): sets the backend's slot in
+  // Called once, while the op table is built (src/registry.cpp): sets the backend's slot in
   // `kernels` of the ops it implements. Needs no device, so placement sees which ops run on the
   // backend in every build that has it.
   void (*add_kernels)(const std::vector<Op*>& ops);
