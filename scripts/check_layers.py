@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Lists every #include in src/ that points up a layer (docs/ARCHITECTURE.md, "Layers").
 
-Usage: scripts/check_layers.py  (from anywhere; exit status 1 when it prints anything)
+Usage: scripts/check_layers.py  (from anywhere; exit status 1 when it finds one not in KNOWN)
 
 Each source file and each included header belongs to one layer, found by the longest matching
 path prefix below; a file may include headers of its own layer and of lower ones. Public headers
@@ -27,6 +27,16 @@ LAYERS = [
                    "flowlet/checkpoint.hpp", "src/data/", "flowlet/data/", "flowlet/flowlet.hpp"]),
 ]
 
+# Upward includes with a known fix that another change owns: listed, but not failing the check.
+KNOWN = {
+    # Scalar dtype conversions shared by the CPU and CUDA kernels; they need only core, and move to
+    # core with the one host/device definition of the conversions.
+    ("src/core/format.cpp", "kernels/dtypes.hpp"),
+    # CudaGraphInfo is declared with the tracing front end; it moves to a header below exec when
+    # flowlet/trace.hpp is split.
+    ("src/exec/graph_capture.hpp", "flowlet/trace.hpp"),
+}
+
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
@@ -47,6 +57,7 @@ def header_path(include):
 def main():
     root = pathlib.Path(__file__).resolve().parent.parent
     upward = []
+    known = []
     for source in sorted((root / "src").rglob("*")):
         if source.suffix not in {".cpp", ".hpp", ".cu", ".cuh"}:
             continue
@@ -62,8 +73,13 @@ def main():
             included = header_path(match.group(1))
             theirs = layer_of(included)
             if theirs is not None and theirs > own:
-                upward.append(f"{relative}:{line_number}: {line.strip()}  ({LAYERS[own][0]} -> {LAYERS[theirs][0]})")
-    print("\n".join(upward))
+                text = f"{relative}:{line_number}: {line.strip()}  ({LAYERS[own][0]} -> {LAYERS[theirs][0]})"
+                (known if (relative, match.group(1)) in KNOWN else upward).append(text)
+    for text in known:
+        print(f"known: {text}")
+    for text in upward:
+        print(f"upward: {text}")
+    print(f"{len(upward)} upward includes, {len(known)} known")
     return 1 if upward else 0
 
 
