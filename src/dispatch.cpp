@@ -1,5 +1,6 @@
 // The one dispatch path: check the call, infer outputs, allocate them, run the device's kernel.
-// Tracing (record a node instead) and gradient tapes hook in here, never in per-op code.
+// Tracing (record a node instead) and gradient tapes hook in here, never in per-op code: this is
+// the only caller of TraceBuilder::record, graph-only ops (variables, queues) included.
 #include "flowlet/dispatch.hpp"
 
 #include <array>
@@ -16,11 +17,22 @@ namespace {
 std::string kernel_devices(const Op& op) {
   std::string names;
   for (int kind = 0; kind < kNumDeviceKinds; ++kind) {
-    if (!op.kernels[kind]) continue;
+    if (!op.kernels[kind] && !op.async_kernels[kind]) continue;
     if (!names.empty()) names += ", ";
     names += device_kind_name(static_cast<DeviceKind>(kind));
   }
   return names.empty() ? "none" : names;
+}
+
+[[noreturn, gnu::noinline]] void fail_no_kernel(const Op& op, Device device) {
+  detail::fail<DeviceError>("{}: no kernel for device {}; kernels exist for: {}", op.name, device, kernel_devices(op));
+}
+
+[[noreturn, gnu::noinline]] void fail_graph_only(const Op& op) {
+  detail::fail<InvalidArgument>(
+      "{}: exists only in traced graphs; got an eager call; call the library function that records it "
+      "inside a function passed to flowlet::trace",
+      op.name);
 }
 
 // Runs `op` where its inputs are and leaves its outputs in `outputs`; returns how many there are.
@@ -33,15 +45,17 @@ int run_here(const Op& op, std::span<const Tensor> inputs, const void* attribute
     }
     detail::fail<InvalidArgument>("{}: expects at least {} inputs; got {}", op.name, op.min_inputs, count);
   }
+  detail::TraceBuilder* const trace = detail::active_trace();
+  if (!trace && op.has_flag(kGraphOnly)) [[unlikely]] fail_graph_only(op);  // before its rule reads attributes
   OutputSpec spec;
   for (int i = 0; i < count; ++i) {
     if (!inputs[i].defined()) {
       detail::fail<InvalidArgument>("{}: input {} is an empty Tensor handle; got Tensor()", op.name, i);
     }
-    if (inputs[i].impl_ptr()->trace_id != 0 && !detail::active_trace()) detail::fail_foreign_symbolic(op, inputs[i]);
+    if (inputs[i].impl_ptr()->trace_id != 0 && !trace) detail::fail_foreign_symbolic(op, inputs[i]);
     if (i == 0) {
       spec.device = inputs[0].device();
-    } else if (inputs[i].device() != spec.device && !detail::active_trace()) {
+    } else if (inputs[i].device() != spec.device && !trace) {
       // While tracing, inputs may live on different devices: the placer chooses the node's device
       // and the partitioner moves what crosses (Send/Recv). Eagerly, moving is the caller's choice.
       detail::fail<DeviceError>("{}: inputs are on different devices; got input 0 on {} and input {} on {}",
@@ -52,15 +66,14 @@ int run_here(const Op& op, std::span<const Tensor> inputs, const void* attribute
   op.infer(call, spec);
   check_device_exists(op.name, spec.device);
   const KernelFn kernel = op.kernels[static_cast<int>(spec.device.kind())];
-  if (!kernel) {
-    detail::fail<DeviceError>("{}: no kernel for device {}; kernels exist for: {}", op.name, spec.device,
-                              kernel_devices(op));
-  }
   const std::span<Tensor> results(outputs.data(), static_cast<size_t>(spec.count));
-  if (detail::TraceBuilder* trace = detail::active_trace()) {
+  if (trace) {
     // Tracing: record a node instead of running the kernel; tapes record the symbolic outputs.
+    // A graph-only node goes where the placer finds its kernel (a dequeue of GPU tensors runs on the host).
+    if (!op.runs_on(spec.device.kind()) && !op.has_flag(kGraphOnly)) fail_no_kernel(op, spec.device);
     trace->record(op, inputs, attributes, spec, results);
   } else {
+    if (!kernel) [[unlikely]] fail_no_kernel(op, spec.device);
     if (!op.has_flag(kView)) {
       for (int i = 0; i < spec.count; ++i) {
         outputs[i] = Tensor::empty(spec.outputs[i].shape, spec.outputs[i].dtype, spec.device);
@@ -108,6 +121,13 @@ int run_op(const Op& op, std::span<const Tensor> inputs, const void* attributes,
 }
 
 }  // namespace
+
+Device default_device() {
+  // A traced node records the scope as its requested device instead (the placer decides).
+  const detail::ScopeFrame* frame = detail::innermost_scope;
+  if (!frame || detail::active_trace()) return Device();
+  return frame->device;
+}
 
 std::vector<Tensor> dispatch_all(const Op& op, std::span<const Tensor> inputs, const void* attributes) {
   std::array<Tensor, kMaxOutputs> outputs;

@@ -276,20 +276,62 @@ TEST_CASE("device_count(cuda) is 0 without a GPU, and never more than the device
 TEST_CASE("every op with a CUDA kernel has a row in the CUDA table, and a build with CUDA covers every op") {
   std::set<std::string> rows;
   for (const Row& row : table()) rows.insert(row.op);
+  // Ops checked on CUDA by the traced tests below instead of a row (they exist only in graphs, or
+  // print and call host code), and ops that never run on a GPU.
+  const std::set<std::string> traced_below = {"read_variable", "assign_variable", "assign_matmul", "send",
+                                              "recv",          "print",           "host_callback"};
+  const std::set<std::string> host_only = {
+      "fused_elementwise",               // the fusion pass fuses CPU nodes only
+      "queue_enqueue", "queue_dequeue",  // a queue lives on the host; its items stay where they are
+  };
   std::vector<std::string> without_kernel;
   for (const fl::Op* op : fl::all_ops()) {
     const std::string name(op->name);
-    const bool has_kernel = op->kernels[static_cast<size_t>(fl::DeviceKind::cuda)] != nullptr;
+    const bool has_kernel = op->runs_on(fl::DeviceKind::cuda);
     if (!FLOWLET_HAVE_CUDA) {
       CHECK_MESSAGE(!has_kernel, "op '" << name << "' has a CUDA kernel in a build without CUDA");
       continue;
     }
+    if (host_only.count(name) == 1) {
+      CHECK_MESSAGE(!has_kernel, "op '" << name << "' has a CUDA kernel: take it off host_only");
+      continue;
+    }
     if (!has_kernel) without_kernel.push_back(name);
-    if (has_kernel) CHECK_MESSAGE(rows.count(name) == 1, "op '" << name << "' needs a row in tests/test_cuda.cpp");
+    if (has_kernel && traced_below.count(name) == 0) {
+      CHECK_MESSAGE(rows.count(name) == 1, "op '" << name << "' needs a row in tests/test_cuda.cpp");
+    }
   }
   // src/cuda/README.md lists the ops that still lack a CUDA kernel; today there are none.
   CHECK_MESSAGE(without_kernel.empty(), "ops without a CUDA kernel: " << fmt::format("{}", fmt::join(without_kernel, ", ")));
   for (const std::string& name : rows) CHECK_MESSAGE(fl::find_op(name) != nullptr, "row '" << name << "' names no op");
+}
+
+TEST_CASE("every kAnyDevice op serves each backend of the build with its CPU kernel, and no other op borrows it") {
+  (void)fl::device_count(fl::DeviceKind::cuda);  // the backends have registered
+  const auto cpu = static_cast<size_t>(fl::DeviceKind::cpu);
+  const auto cuda = static_cast<size_t>(fl::DeviceKind::cuda);
+  int any_device = 0;
+  for (const fl::Op* op : fl::all_ops()) {
+    const std::string name(op->name);
+    CAPTURE(name);
+    if (op->has_flag(fl::kAnyDevice)) {
+      ++any_device;
+      CHECK(op->runs_on(fl::DeviceKind::cpu));
+      if (FLOWLET_HAVE_CUDA) {
+        const bool same_kernel = op->kernels[cuda] == op->kernels[cpu];
+        const bool same_async_kernel = op->async_kernels[cuda] == op->async_kernels[cpu];
+        CHECK(same_kernel);
+        CHECK(same_async_kernel);
+      } else {
+        CHECK_FALSE(op->runs_on(fl::DeviceKind::cuda));
+      }
+    } else if (op->kernels[cpu] != nullptr) {
+      const bool borrows_cpu_kernel = op->kernels[cuda] == op->kernels[cpu];
+      CHECK_FALSE(borrows_cpu_kernel);  // a shared kernel says so with the flag
+    }
+  }
+  // The views, the variable read and update, send and recv, print and host_callback.
+  CHECK(any_device == 9);
 }
 
 TEST_CASE("the graph-only ops of a traced training step run on CUDA in a build with CUDA; fused_elementwise stays on the CPU") {

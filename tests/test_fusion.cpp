@@ -374,8 +374,10 @@ TEST_CASE("the fused op checks its inputs against the program") {
   check_identical<float>(fl::dispatch_all(op, with_scalar, attributes).at(0), fl::tanh(with_scalar[0] + with_scalar[1]));
 }
 
-TEST_CASE("the fused op is not in the public op table") {
-  CHECK(fl::find_op("fused_elementwise") == nullptr);
+TEST_CASE("the fused op is in the op table (the coverage tests see it) and has no gradient rule") {
+  CHECK(fl::find_op("fused_elementwise") == &fl::detail::fused_elementwise_op);
+  const bool has_grad = fl::detail::fused_elementwise_op.grad != nullptr;
+  CHECK_FALSE(has_grad);
 }
 
 TEST_CASE("trace() fuses the chain, a cast step included, and its calls match eager exactly") {

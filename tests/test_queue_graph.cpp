@@ -168,3 +168,31 @@ TEST_CASE("try_ calls cannot be traced, and a traced item holds at most four ten
       },
       {"enqueue", "'wide'", "at most 4", "got 5"});
 }
+
+TEST_CASE("traced enqueues and dequeues of one queue are named after it and keep their program order") {
+  FIFOQueue q(4, "inbox");
+  q.enqueue({fl::full({2}, 1.0)});  // tracing reads the dequeue's item signature from it
+  auto step = fl::trace([&](fl::Tensor x) {
+    fl::Tensor got = q.dequeue()[0];
+    q.enqueue({x + got});
+    return got;
+  });
+  const fl::Graph& g = step.graph(fl::ones({2}));
+  const fl::Node* dequeue = find_op(g, "queue_dequeue");
+  const fl::Node* enqueue = find_op(g, "queue_enqueue");
+  REQUIRE(dequeue != nullptr);
+  REQUIRE(enqueue != nullptr);
+  const auto id = [&](const fl::Node* n) { return static_cast<int32_t>(n - g.nodes().data()); };
+  CHECK(dequeue->name == fmt::format("dequeue_inbox_{}", id(dequeue)));
+  CHECK(enqueue->name == fmt::format("enqueue_inbox_{}", id(enqueue)));
+  // Both change the queue, so the enqueue recorded second waits for the dequeue, and both are
+  // effects of the graph.
+  CHECK(std::count(enqueue->control_inputs.begin(), enqueue->control_inputs.end(), id(dequeue)) == 1);
+  CHECK(std::count(g.effects().begin(), g.effects().end(), id(enqueue)) == 1);
+  CHECK(std::count(g.effects().begin(), g.effects().end(), id(dequeue)) == 1);
+  // Running it: the step takes the item put there for tracing and puts back item + x.
+  q.enqueue({fl::full({2}, 4.0)});
+  (void)q.dequeue();  // the tracing item is consumed here; the 4s remain for the step
+  CHECK(within_timeout([&] { return step(fl::ones({2})); }).to_vector<float>() == std::vector<float>{4.0f, 4.0f});
+  CHECK(q.dequeue()[0].to_vector<float>() == std::vector<float>{5.0f, 5.0f});
+}

@@ -19,7 +19,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "exec/thread_pool.hpp"
+#include "runtime/thread_pool.hpp"
 #include "support/reference.hpp"
 
 using flowlet::detail::intra_op_threads;

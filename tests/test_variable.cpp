@@ -99,3 +99,66 @@ TEST_CASE("scaled updates add or subtract scale * t, in place only when nobody e
   test::check_throws<fl::ShapeError>([&] { w.assign_sub(fl::ones({2}), 1.0); }, {"assign_sub:", "w"});
   CHECK(w.value().to_vector<float>() == std::vector<float>{3, 4, 6});
 }
+
+namespace {
+const fl::Node* only_node(const fl::Graph& g, std::string_view op) {
+  const fl::Node* found = nullptr;
+  for (const fl::Node& n : g.nodes()) {
+    if (n.removed || n.op == nullptr || n.op->name != op) continue;
+    CHECK_MESSAGE(found == nullptr, "more than one '" << op << "' node");
+    found = &n;
+  }
+  REQUIRE_MESSAGE(found != nullptr, "no '" << op << "' node");
+  return found;
+}
+int32_t id_of(const fl::Graph& g, const fl::Node* n) { return static_cast<int32_t>(n - g.nodes().data()); }
+}  // namespace
+
+TEST_CASE("a traced read and update of a variable are named after it, ordered on it, and only the update keeps the scope") {
+  fl::Variable w(fl::tensor({1.0f, 2.0f}), "w");
+  auto step = fl::trace([&](fl::Tensor x) {
+    fl::DeviceScope scope(fl::Device("cpu:0"));
+    const fl::Tensor y = w.value() * x;
+    w.assign_sub(y, 0.5);
+    return y;
+  });
+  const fl::Tensor x = fl::tensor({3.0f, 5.0f});
+  CHECK(step(x).to_vector<float>() == std::vector<float>{3.0f, 10.0f});
+  CHECK(w.value().to_vector<float>() == std::vector<float>{-0.5f, -3.0f});  // w - 0.5 * w * x
+
+  const fl::Graph& g = step.graph(x);
+  const fl::Node* read = only_node(g, "read_variable");
+  const fl::Node* update = only_node(g, "assign_variable");
+  CHECK(read->name == fmt::format("read_w_{}", id_of(g, read)));
+  CHECK(update->name == fmt::format("assign_sub_w_{}", id_of(g, update)));
+  // The write waits for the read of the same variable; the graph runs the write even though no
+  // output needs it.
+  CHECK(std::count(update->control_inputs.begin(), update->control_inputs.end(), id_of(g, read)) == 1);
+  CHECK(std::count(g.effects().begin(), g.effects().end(), id_of(g, update)) == 1);
+  // A read runs where the variable lives (kRunsAtResource); the scope's request stays on the others.
+  CHECK_FALSE(read->requested_device.has_value());
+  int requesting = 0;  // the update and the product (fused or not)
+  for (const fl::Node& n : g.nodes()) {
+    if (n.removed || n.op == nullptr || &n == read) continue;
+    CAPTURE(n.name);
+    REQUIRE(n.requested_device.has_value());
+    CHECK(*n.requested_device == fl::Device("cpu:0"));
+    ++requesting;
+  }
+  CHECK(requesting >= 2);
+}
+
+TEST_CASE("a traced update keeps the variable's own error messages, checked when it is recorded") {
+  fl::Variable w(fl::zeros({2}), "w");
+  auto wrong_shape = fl::trace([&](fl::Tensor x) {
+    w.assign_add(x);
+    return x;
+  });
+  test::check_throws<fl::ShapeError>([&] { wrong_shape(fl::zeros({3})); }, {"assign_add", "'w'", "[3]"});
+  auto empty = fl::trace([&](fl::Tensor x) {
+    w.assign(fl::Tensor());
+    return x;
+  });
+  test::check_throws<fl::InvalidArgument>([&] { empty(fl::zeros({2})); }, {"assign: update is an empty Tensor handle"});
+  CHECK(w.value().to_vector<float>() == std::vector<float>{0.0f, 0.0f});
+}

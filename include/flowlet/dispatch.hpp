@@ -1,5 +1,5 @@
-// dispatch(): the one function every op call goes through. Today it runs the op eagerly; recording
-// into a trace and onto a gradient tape are decided here too, never in per-op code.
+// dispatch(): the one function every op call goes through. It runs the op eagerly, or records it
+// into the active trace, and records it onto gradient tapes; no per-op code decides either.
 #pragma once
 
 #include <initializer_list>
@@ -11,7 +11,8 @@
 namespace flowlet {
 
 // Validates the call (arity, defined inputs, one device), infers the outputs, allocates them and
-// runs the kernel for the inputs' device. Returns all outputs. Inside an eager DeviceScope, inputs
+// runs the kernel for the inputs' device (while tracing: records a node instead; a graph-only op
+// called eagerly throws InvalidArgument). Returns all outputs. Inside an eager DeviceScope, inputs
 // on other devices are first copied to the scope's device (flowlet/device_scope.hpp).
 std::vector<Tensor> dispatch_all(const Op& op, std::span<const Tensor> inputs, const void* attributes);
 

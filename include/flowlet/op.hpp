@@ -1,7 +1,8 @@
 // Op: the one definition of an operation (name, arity, flags, shape/dtype rule, kernels per device kind).
 //
-// Every caller (the eager dispatcher today; the tracer, gradient tapes, placement and the executor
-// later) reads the same Op value. Attributes are a plain struct per op, passed type-erased.
+// Every caller (the eager dispatcher, the tracer, gradient tapes, placement and the executor) reads
+// the same Op value, and every op call goes through dispatch(). Attributes are a plain struct per
+// op, passed type-erased.
 #pragma once
 
 #include <array>
@@ -21,7 +22,7 @@ namespace flowlet {
 struct Op;
 
 namespace detail {
-struct StepContext;  // what a graph step gives its kernels (the rendezvous, cancellation): src/exec/step_context.hpp
+struct StepContext;  // what a graph step gives its kernels (the rendezvous, cancellation): src/runtime/step_context.hpp
 }  // namespace detail
 
 // Shape and dtype of one output, as the op's rule infers it.
@@ -117,12 +118,31 @@ std::string describe_attributes(const void* attributes) {
   }
 }
 
+// What a stateful op is ordered on in a traced graph: its nodes keep their program order per
+// resource (a variable, a queue), reads after the last write and a write after every earlier use.
+struct ResourceAccess {
+  const void* resource = nullptr;  // null: the host, which every print and callback shares
+  bool writes = true;
+};
+using ResourceFn = ResourceAccess (*)(const void* attributes);
+
+// The start of a traced node's name ("read_w", "dequeue_batches"); the tracer appends the node id.
+using NodeNameFn = std::string (*)(const void* attributes);
+
 enum OpFlags : uint32_t {
   kNoFlags = 0,
   kView = 1u << 0,         // outputs alias the input's storage; the kernel builds them itself
   kStateful = 1u << 1,     // has effects beyond its outputs: never folded, deduplicated or pruned
   kElementwise = 1u << 2,  // output element i depends only on input elements i (after broadcast)
   kPlacesOutput = 1u << 3, // its attributes say where the output lives (to_device): device scopes leave it be
+  // Exists only in graphs: recorded while tracing (by a library call such as Variable::value() or
+  // inserted by a pass), run by the executor; an eager call is an error.
+  kGraphOnly = 1u << 4,
+  // The CPU kernel only moves handles and metadata (a view, a variable's tensor, a Send), so it
+  // serves every device kind: each backend gets it when it registers its kernels.
+  kAnyDevice = 1u << 5,
+  // Runs where its resource lives: a device scope's placement request does not apply to its node.
+  kRunsAtResource = 1u << 6,
 };
 
 struct Op {
@@ -137,6 +157,8 @@ struct Op {
   DescribeAttributesFn describe_attributes = nullptr;  // set together with copy_attributes
   // Graph-only ops that wait (Recv, dequeue) run through these instead of `kernels`.
   std::array<AsyncKernelFn, kNumDeviceKinds> async_kernels{};
+  ResourceFn resource = nullptr;  // stateful ops: what the tracer orders the node on (null: the host)
+  NodeNameFn node_name = nullptr; // null: nodes are named after the op
 
   bool has_flag(OpFlags flag) const { return (flags & flag) != 0; }
   bool runs_on(DeviceKind kind) const {
@@ -144,7 +166,8 @@ struct Op {
   }
 };
 
-// Every op of the library, by name. Device backends add their kernels here at start-up.
+// Every op of the library, by name, graph-only ones included. Built on first use: each device
+// backend adds its kernels then (one call per backend, src/registry.cpp).
 const std::vector<Op*>& all_ops();
 Op* find_op(std::string_view name);  // nullptr when unknown
 

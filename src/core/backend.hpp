@@ -1,7 +1,8 @@
 // The seam between core and the device backends other than the CPU: what Storage, device counts,
-// memory statistics and the op table need from a backend. src/cuda/backend.cpp defines these in a
-// build with CUDA, src/core/no_cuda.cpp in one without (Meson compiles exactly one of the two), so
-// core has no #ifdef and a CPU-only build compiles what it compiled before.
+// memory statistics and the op table need from a backend, reached as backend(kind).
+// src/cuda/backend.cpp defines the CUDA one in a build with CUDA, src/core/no_cuda.cpp in one
+// without (Meson compiles exactly one of the two), so core has no #ifdef and a CPU-only build
+// compiles what it compiled before.
 #pragma once
 
 #include <cstddef>
@@ -9,7 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "flowlet/op.hpp"
+#include "flowlet/core/device.hpp"
+#include "flowlet/core/tensor.hpp"
+
+namespace flowlet {
+struct Op;  // registration hands the op table to the backend (core never looks inside an Op)
+}  // namespace flowlet
 
 namespace flowlet::detail {
 
@@ -29,6 +35,8 @@ class RecordedGraph {
 };
 
 struct DeviceBackend {
+  // False for the stand-in of a backend this build lacks: it registers no kernels.
+  bool built = false;
   // Devices visible to this process; 0 when there is no device or no driver. Never throws.
   int (*device_count)();
   // Why device_count() is 0 ("built without CUDA", "no CUDA driver: ..."), for error messages.
@@ -45,13 +53,13 @@ struct DeviceBackend {
   void (*add_scaled_in_place)(const Tensor& value, const Tensor& update, double scale);
   // target = source in target's buffer (same dtype, shape and device; target contiguous).
   void (*copy_in_place)(const Tensor& target, const Tensor& source);
+  // Called once, while the op table is built (src/registry.cpp): sets the backend's slot in
+  // `kernels` of the ops it implements. Needs no device, so placement sees which ops run on the
+  // backend in every build that has it.
+  void (*add_kernels)(const std::vector<Op*>& ops);
 };
 
-const DeviceBackend& cuda_backend();
-
-// Called once while the op table is built: the CUDA backend sets `kernels[cuda]` of the ops it
-// implements (nothing without CUDA). Registration needs no device, so placement sees which ops
-// run on CUDA in every build with the backend.
-void add_cuda_kernels(const std::vector<Op*>& ops);
+// The backend of device kind `kind` (not cpu: the CPU is core's own; InvalidArgument for it).
+const DeviceBackend& backend(DeviceKind kind);
 
 }  // namespace flowlet::detail

@@ -48,11 +48,7 @@ std::string Device::str() const { return fmt::format("{}:{}", device_kind_name(k
 
 int device_count(DeviceKind kind) {
   if (kind == DeviceKind::cpu) return cpu_device_count(cpu_devices.load(std::memory_order_acquire));
-  // The CUDA backend sets its kernels while the op table is built (also those of the graph ops
-  // outside it, such as assign_matmul): build it before anything can run on a GPU. Every use of a
-  // GPU (dispatch, placement, allocation) asks this count first.
-  (void)all_ops();
-  return std::min(detail::cuda_backend().device_count(), detail::kMaxCudaDevices);
+  return std::min(detail::backend(kind).device_count(), detail::kMaxCudaDevices);
 }
 
 void check_device_exists(std::string_view op, Device device) {
@@ -71,7 +67,7 @@ void check_device_exists(std::string_view op, Device device) {
   if (device.index() < 0 || device.index() >= count) {
     if (count == 0) {
       detail::fail<DeviceError>("{}: device {} does not exist; this process has no {} devices ({})", op, device,
-                                device_kind_name(device.kind()), detail::cuda_backend().why_no_devices());
+                                device_kind_name(device.kind()), detail::backend(device.kind()).why_no_devices());
     }
     detail::fail<DeviceError>("{}: device {} does not exist; available: {}:0 .. {}:{}", op, device,
                               device_kind_name(device.kind()), device_kind_name(device.kind()), count - 1);
@@ -110,7 +106,7 @@ void reset_peak_memory_stats(Device device) {
 
 void synchronize(Device device) {
   check_device_exists("synchronize", device);
-  if (device.kind() != DeviceKind::cpu) detail::cuda_backend().synchronize(device.index());
+  if (device.kind() != DeviceKind::cpu) detail::backend(device.kind()).synchronize(device.index());
 }
 
 }  // namespace flowlet

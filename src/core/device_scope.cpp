@@ -1,19 +1,17 @@
 // DeviceScope and ColocateWith: a per-thread chain of frames that dispatch and the tracer read.
+// ColocateWith's constructor, which reads a Variable, is the state layer's (src/state/variable.cpp);
+// default_device(), which depends on whether a trace records, is dispatch's (src/dispatch.cpp).
 #include "flowlet/device_scope.hpp"
 
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
-#include "flowlet/variable.hpp"
-#include "trace/tracer.hpp"
 
 namespace flowlet {
 namespace detail {
 
 [[gnu::tls_model("initial-exec")]] thread_local constinit const ScopeFrame* innermost_scope = nullptr;
 
-namespace {
-// Links `frame` in as the innermost scope, inheriting what it does not set from the one around it.
-void push(ScopeFrame& frame) {
+void push_scope(ScopeFrame& frame) {
   frame.outer = innermost_scope;
   if (frame.outer) {
     if (!frame.requested) frame.requested = frame.outer->requested;
@@ -21,9 +19,8 @@ void push(ScopeFrame& frame) {
   }
   innermost_scope = &frame;
 }
-// Scopes are RAII objects of one thread, so the innermost is normally this one; after a misuse
-// (destroyed out of order) the frames inside it are dropped too rather than left dangling.
-void pop(const ScopeFrame& frame) {
+
+void pop_scope(const ScopeFrame& frame) {
   for (const ScopeFrame* f = innermost_scope; f; f = f->outer) {
     if (f == &frame) {
       innermost_scope = frame.outer;
@@ -31,36 +28,23 @@ void pop(const ScopeFrame& frame) {
     }
   }
 }
-}  // namespace
+
 }  // namespace detail
 
 DeviceScope::DeviceScope(Device device) {
   check_device_exists("DeviceScope", device);
   frame_.device = device;
   frame_.requested = device;
-  detail::push(frame_);
+  detail::push_scope(frame_);
 }
 
-DeviceScope::~DeviceScope() { detail::pop(frame_); }
+DeviceScope::~DeviceScope() { detail::pop_scope(frame_); }
 
-ColocateWith::ColocateWith(const Variable& variable) {
-  if (!variable.defined()) throw InvalidArgument("ColocateWith: variable is an empty Variable handle");
-  frame_.device = variable.device();
-  frame_.colocate_with = variable.identity();
-  detail::push(frame_);
-}
-
-ColocateWith::~ColocateWith() { detail::pop(frame_); }
+ColocateWith::~ColocateWith() { detail::pop_scope(frame_); }
 
 std::optional<Device> current_device_scope() {
   if (const detail::ScopeFrame* frame = detail::innermost_scope) return frame->device;
   return std::nullopt;
-}
-
-Device default_device() {
-  const detail::ScopeFrame* frame = detail::innermost_scope;
-  if (!frame || detail::active_trace()) return Device();
-  return frame->device;
 }
 
 }  // namespace flowlet

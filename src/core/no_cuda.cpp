@@ -25,13 +25,24 @@ void cannot_copy(const Tensor& target, const Tensor&) {
   fail<DeviceError>("copy: cannot write a tensor on {}; {}", target.device(), built_without_cuda());
 }
 
-const DeviceBackend no_cuda{&no_devices,          &built_without_cuda, &cannot_allocate, &nothing_to_free,
-                            &nothing_to_wait_for, &cannot_record,      &cannot_update,   &cannot_copy};
+void no_kernels(const std::vector<Op*>&) {}
+
+const DeviceBackend no_cuda{.built = false,
+                            .device_count = &no_devices,
+                            .why_no_devices = &built_without_cuda,
+                            .allocate = &cannot_allocate,
+                            .deallocate = &nothing_to_free,
+                            .synchronize = &nothing_to_wait_for,
+                            .start_recording = &cannot_record,
+                            .add_scaled_in_place = &cannot_update,
+                            .copy_in_place = &cannot_copy,
+                            .add_kernels = &no_kernels};
 
 }  // namespace
 
-const DeviceBackend& cuda_backend() { return no_cuda; }
-
-void add_cuda_kernels(const std::vector<Op*>&) {}
+const DeviceBackend& backend(DeviceKind kind) {
+  if (kind != DeviceKind::cuda) fail<InvalidArgument>("internal: backend(): the CPU has no backend seam");
+  return no_cuda;
+}
 
 }  // namespace flowlet::detail

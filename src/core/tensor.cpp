@@ -9,8 +9,6 @@
 #include "core/backend.hpp"
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
-#include "flowlet/ops/elementwise.hpp"
-#include "ops/internal.hpp"
 
 namespace flowlet {
 namespace {
@@ -83,7 +81,7 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
 // Off the CPU hot path: memory of another device kind comes from its backend (core/backend.hpp).
 void* Storage::allocate_on_backend(size_t bytes, Device device) {
   check_device_exists("storage", device);
-  void* data = detail::cuda_backend().allocate(device.index(), bytes);
+  void* data = detail::backend(device.kind()).allocate(device.index(), bytes);
   detail::count_allocation(detail::memory_counters(device), bytes);
   return data;
 }
@@ -95,7 +93,7 @@ Storage::~Storage() {
   if (!owner_ && data_ != nullptr) {  // ours (symbolic tensors own none; adopted memory has an owner)
     if (device_.kind() != DeviceKind::cpu) [[unlikely]] {
       detail::count_release(detail::memory_counters(device_), bytes_);
-      detail::cuda_backend().deallocate(device_.index(), data_, bytes_);
+      detail::backend(device_.kind()).deallocate(device_.index(), data_, bytes_);
       return;
     }
     detail::count_release(device_.index(), bytes_);
@@ -155,18 +153,6 @@ void Tensor::check_single_element() const {
   }
 }
 
-namespace detail {
-const char* element_address(const Tensor& t, int64_t index) {
-  int64_t offset = 0;
-  for (int64_t d = t.rank() - 1; d >= 0; --d) {
-    const auto axis = static_cast<size_t>(d);
-    offset += (index % t.shape()[axis]) * t.strides()[axis];
-    index /= t.shape()[axis];
-  }
-  return static_cast<const char*>(t.raw_data()) + offset * static_cast<int64_t>(dtype_size(t.dtype()));
-}
-}  // namespace detail
-
 void Tensor::throw_symbolic(const char* op) {
   detail::fail<InvalidArgument>(
       "{}: cannot read the elements of a symbolic tensor while tracing; got a tensor that the traced graph "
@@ -183,10 +169,6 @@ void Tensor::copy_to_host(void* destination, const char* op) const {
   std::memcpy(destination, host.raw_data(), static_cast<size_t>(numel()) * dtype_size(dtype()));
 }
 
-Tensor Tensor::to(Device target) const { return detail::copy_to_device(*this, target); }
-
-Tensor Tensor::astype(DType target) const { return cast(*this, target); }
-
-Tensor Tensor::contiguous() const { return is_contiguous() ? *this : detail::copy_to_contiguous(*this); }
+// to, astype and contiguous run ops: they are defined with the ops (src/ops/tensor_methods.cpp).
 
 }  // namespace flowlet

@@ -1,5 +1,5 @@
-// The CUDA backend as core sees it (core/backend.hpp): devices, memory, synchronization, and the
-// registration of every CUDA kernel into the op table.
+// The CUDA backend as core sees it (core/backend.hpp, backend(DeviceKind::cuda)): devices, memory,
+// synchronization, and the registration of every CUDA kernel into the op table.
 #include "core/backend.hpp"
 
 #include "core/check.hpp"
@@ -10,15 +10,7 @@
 namespace flowlet::detail {
 namespace {
 
-const DeviceBackend cuda_device_backend{&cuda::device_count,      &cuda::why_no_devices,       &cuda::allocate,
-                                        &cuda::deallocate,         &cuda::synchronize,          &cuda::start_recording,
-                                        &cuda::add_scaled_in_place, &cuda::copy_in_place};
-
-}  // namespace
-
-const DeviceBackend& cuda_backend() { return cuda_device_backend; }
-
-void add_cuda_kernels(const std::vector<Op*>& ops) {
+void add_kernels(const std::vector<Op*>& ops) {
   cuda::add_copy_kernels(ops);
   cuda::add_elementwise_kernels(ops);
   cuda::add_creation_kernels(ops);
@@ -26,6 +18,32 @@ void add_cuda_kernels(const std::vector<Op*>& ops) {
   cuda::add_linalg_kernels(ops);
   cuda::add_nn_kernels(ops);
   cuda::add_shape_kernels(ops);
+}
+
+// Kernels are read from the Op values (dispatch, placement), so the backend registers them before
+// it reports a device: every use of a GPU asks for the device count first. (all_ops() calls
+// add_kernels above once; asking it again is a load.)
+int device_count() {
+  (void)all_ops();
+  return cuda::device_count();
+}
+
+const DeviceBackend cuda_device_backend{.built = true,
+                                        .device_count = &device_count,
+                                        .why_no_devices = &cuda::why_no_devices,
+                                        .allocate = &cuda::allocate,
+                                        .deallocate = &cuda::deallocate,
+                                        .synchronize = &cuda::synchronize,
+                                        .start_recording = &cuda::start_recording,
+                                        .add_scaled_in_place = &cuda::add_scaled_in_place,
+                                        .copy_in_place = &cuda::copy_in_place,
+                                        .add_kernels = &add_kernels};
+
+}  // namespace
+
+const DeviceBackend& backend(DeviceKind kind) {
+  if (kind != DeviceKind::cuda) fail<InvalidArgument>("internal: backend(): the CPU has no backend seam");
+  return cuda_device_backend;
 }
 
 namespace cuda {

@@ -256,15 +256,7 @@ void copy_in_place(const Tensor& target, const Tensor& source) { copy_on_device(
 void add_copy_kernels(const OpList& ops) {
   set_kernel(ops, "to_device", &to_device_kernel);
   set_kernel(ops, "copy", &copy_kernel);
-  // A view op's kernel makes a TensorImpl over the input's storage (and calls public ops, such as
-  // contiguous, which dispatch to this device): the CPU kernel is the CUDA kernel too.
-  for (const char* name : {"reshape", "permute", "slice"}) {
-    for (Op* op : ops) {
-      if (op->name != name) continue;
-      if (!op->has_flag(kView)) fail<InvalidArgument>("internal: '{}' is expected to be a view op", name);
-      set_kernel(ops, name, op->kernels[static_cast<size_t>(DeviceKind::cpu)]);
-    }
-  }
+  // The views (reshape, permute, slice) are kAnyDevice: the registry gives them their CPU kernel.
 }
 
 }  // namespace flowlet::detail::cuda

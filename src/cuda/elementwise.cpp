@@ -38,7 +38,7 @@ void binary_kernel(const OpCall& call, std::span<Tensor> out) {
   // The CPU kernel throws on an integer division by zero; here the kernel marks it and the host
   // throws after waiting for it (so integer div waits for the device, float div does not).
   std::optional<ErrorFlag> zero_divisor;
-  if (call.op.name == "div" && is_integral(a.dtype())) zero_divisor.emplace(out[0].device());
+  if (call.op.name == "div" && is_integral(a.dtype())) zero_divisor.emplace(call, out[0].device());
   launcher(call.op)(elementwise_args<3>(call.op.name, out[0], {&a, &b}), element_type(a.dtype()), on,
                     zero_divisor ? zero_divisor->data() : nullptr);
   if (zero_divisor) zero_divisor->throw_if_marked("div: integer division by zero; got a zero divisor");

@@ -12,10 +12,10 @@
 #include "cuda/check.hpp"
 #include "cuda/register.hpp"
 #include "cuda/runtime.hpp"
-#include "exec/graph_capture.hpp"
+#include "runtime/step_context.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/ops/linalg.hpp"
-#include "ops/state.hpp"
+#include "state/variable_ops.hpp"
 
 namespace flowlet::detail::cuda {
 namespace {
@@ -80,7 +80,7 @@ void assign_matmul_kernel(const OpCall& call, std::span<Tensor>) {
   // A reader still holding the value keeps it: update a private copy instead. Work queued earlier
   // on the value runs before the GEMM (one stream per device), so an unshared value is updated in place.
   if (!exclusively_owned(s.value)) {
-    if (capture_recorder != nullptr) {  // a CUDA Graph writes into the buffer it recorded (exec/graph_capture.hpp)
+    if (recording_of(call.step) != nullptr) {  // a CUDA Graph writes into the buffer it recorded
       fail<DeviceError>("assign_matmul: variable '{}' on {} is shared with another tensor, so a CUDA Graph cannot "
                         "update it in place; the function runs uncaptured",
                         s.name, s.value.device());

@@ -28,7 +28,7 @@ void cross_entropy_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor labels = call.inputs[1].contiguous();
   const int64_t rows = logits.shape()[0], classes = logits.shape()[1];
   if (rows == 0) return;
-  const ErrorFlag bad_label(logits.device());
+  const ErrorFlag bad_label(call, logits.device());
   launch_cross_entropy(logits.raw_data(), labels.raw_data(), element_type(labels.dtype()), out[0].raw_data(),
                        element_type(logits.dtype()), rows, classes, bad_label.data(), launch_on(logits.device()));
   bad_label.throw_if_out_of_range("softmax_cross_entropy", "label", classes, labels);
@@ -39,7 +39,7 @@ void one_hot_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor indices = call.inputs[0].contiguous();
   const int64_t depth = call.attrs<OneHotAttrs>().depth;
   if (indices.numel() == 0) return;
-  const ErrorFlag bad_index(indices.device());
+  const ErrorFlag bad_index(call, indices.device());
   launch_one_hot(indices.raw_data(), element_type(indices.dtype()), static_cast<float*>(out[0].raw_data()),
                  indices.numel(), depth, bad_index.data(), launch_on(indices.device()));
   bad_index.throw_if_out_of_range("one_hot", "index", depth, indices);

@@ -1,5 +1,5 @@
-// How each op family of the CUDA backend adds its kernels to the op table (called once, from
-// add_cuda_kernels in backend.cpp, while the table is built).
+// How each op family of the CUDA backend adds its kernels to the op table (called once, from the
+// backend's add_kernels in backend.cpp, while the table is built).
 #pragma once
 
 #include <string_view>
@@ -14,7 +14,7 @@ using OpList = std::vector<Op*>;
 // Sets `name`'s CUDA kernel; a name that is not in the table is an internal error (it throws).
 void set_kernel(const OpList& ops, std::string_view name, KernelFn kernel);
 
-void add_copy_kernels(const OpList& ops);         // copy.cpp: to_device, copy, and the views
+void add_copy_kernels(const OpList& ops);         // copy.cpp: to_device and copy
 void add_elementwise_kernels(const OpList& ops);  // elementwise.cpp
 void add_creation_kernels(const OpList& ops);     // creation.cpp
 void add_reduce_kernels(const OpList& ops);       // reduce.cpp

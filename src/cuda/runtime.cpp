@@ -9,7 +9,6 @@
 #include "core/allocator.hpp"
 #include "core/check.hpp"
 #include "cuda/check.hpp"
-#include "exec/graph_capture.hpp"
 
 namespace flowlet::detail::cuda {
 namespace {
@@ -163,7 +162,8 @@ void synchronize(int index) {
   }
 }
 
-ErrorFlag::ErrorFlag(Device device) : flag_(Tensor::empty(Shape{1}, i64, device)) {
+ErrorFlag::ErrorFlag(const OpCall& call, Device device)
+    : flag_(Tensor::empty(Shape{1}, i64, device)), recording_(recording_of(call.step)) {
   const Launch on = launch_on(device);
   FLOWLET_CUDA_CHECK(on.device, cudaMemsetAsync(flag_.raw_data(), 0xff, sizeof(uint64_t), on.stream));
 }
@@ -196,19 +196,27 @@ int64_t read_index(const Tensor& indices, int64_t position) {
 
 }  // namespace
 
+ErrorFlag ErrorFlag::after_replay() const {
+  ErrorFlag copy = *this;
+  copy.recording_ = nullptr;  // the deferred check reads the flag then, instead of deferring again
+  return copy;
+}
+
 void ErrorFlag::throw_if_marked(std::string message) const {
-  if (capture_recorder != nullptr) {
-    return defer_check([flag = *this, message = std::move(message)] { flag.throw_if_marked(message); });
+  if (recording_ != nullptr) {
+    return recording_->defer_check(
+        [flag = after_replay(), message = std::move(message)] { flag.throw_if_marked(message); });
   }
   if (first_bad() >= 0) throw InvalidArgument(message);
 }
 
 void ErrorFlag::throw_if_out_of_range(std::string_view op, std::string_view what, int64_t bound,
                                       const Tensor& indices) const {
-  if (capture_recorder != nullptr) {
-    return defer_check([flag = *this, op = std::string(op), what = std::string(what), bound, indices] {
-      flag.throw_if_out_of_range(op, what, bound, indices);
-    });
+  if (recording_ != nullptr) {
+    return recording_->defer_check(
+        [flag = after_replay(), op = std::string(op), what = std::string(what), bound, indices] {
+          flag.throw_if_out_of_range(op, what, bound, indices);
+        });
   }
   const int64_t at = first_bad();
   if (at < 0) return;

@@ -21,6 +21,8 @@
 #include "core/backend.hpp"
 #include "cuda/kernels/launch.hpp"
 #include "flowlet/core/tensor.hpp"
+#include "flowlet/op.hpp"
+#include "runtime/step_context.hpp"
 
 namespace flowlet::detail::cuda {
 
@@ -69,11 +71,11 @@ void set_recording_streams(const RecordingStreams* streams);  // null when the r
 
 // A flag on the device, initialised to "no error" (UINT64_MAX), that kernels lower with atomicMin
 // to the first bad position. first_bad() waits for the kernels and returns the position, or -1.
-// While a CUDA Graph is recorded, the throw_* checks are deferred to after the replay
-// (exec/graph_capture.hpp); the flag's reset is part of the graph.
+// While the kernel's step is recorded into a CUDA Graph (StepContext::recording), the throw_*
+// checks are deferred to after the replay; the flag's reset is part of the graph.
 class ErrorFlag {
  public:
-  explicit ErrorFlag(Device device);
+  ErrorFlag(const OpCall& call, Device device);
   uint64_t* data() const { return static_cast<uint64_t*>(flag_.raw_data()); }
   int64_t first_bad() const;
   // Waits, then throws OutOfRange worded as the CPU kernels word it when a position was marked:
@@ -84,7 +86,10 @@ class ErrorFlag {
   void throw_if_marked(std::string message) const;
 
  private:
+  ErrorFlag after_replay() const;
+
   Tensor flag_;
+  StepRecording* recording_ = nullptr;
 };
 
 // The backend entry points of core/backend.hpp that CUDA Graphs rely on: graph_capture.cpp's

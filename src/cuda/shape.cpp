@@ -31,7 +31,7 @@ void gather_kernel(const OpCall& call, std::span<Tensor> out) {
   const int64_t rows = params.shape()[0];
   const int64_t row = rows == 0 ? 0 : params.numel() / rows;
   if (indices.numel() == 0) return;
-  const ErrorFlag bad_index(params.device());
+  const ErrorFlag bad_index(call, params.device());
   launch_gather(params.raw_data(), indices.raw_data(), element_type(indices.dtype()), out[0].raw_data(),
                 indices.numel(), rows, row, static_cast<int>(dtype_size(params.dtype())), bad_index.data(),
                 launch_on(params.device()));
@@ -48,7 +48,7 @@ void scatter_add_kernel(const OpCall& call, std::span<Tensor> out) {
   const size_t bytes = static_cast<size_t>(out[0].numel()) * dtype_size(out[0].dtype());
   if (bytes > 0) FLOWLET_CUDA_CHECK(on.device, cudaMemsetAsync(out[0].raw_data(), 0, bytes, on.stream));
   if (indices.numel() == 0) return;
-  const ErrorFlag bad_index(out[0].device());
+  const ErrorFlag bad_index(call, out[0].device());
   launch_scatter_add(indices.raw_data(), element_type(indices.dtype()), updates.raw_data(), out[0].raw_data(),
                      element_type(updates.dtype()), indices.numel(), rows, row, bad_index.data(), on);
   bad_index.throw_if_out_of_range("scatter_add", "index", rows, indices);

@@ -2,8 +2,8 @@
 
 #include <chrono>
 
-#include "exec/rendezvous.hpp"
-#include "exec/thread_pool.hpp"
+#include "runtime/rendezvous.hpp"
+#include "runtime/thread_pool.hpp"
 
 namespace flowlet::detail {
 namespace {

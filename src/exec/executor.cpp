@@ -3,7 +3,7 @@
 //     no thread hop: the right choice when there is one thread, or nothing worth overlapping.
 //   - dataflow: each node counts the producers it still waits for; the thread that finishes a
 //     producer runs cheap newly-ready nodes inline and (when the plan is concurrent) hands expensive
-//     ones beyond the first to the shared pool (exec/thread_pool.hpp), so independent branches
+//     ones beyond the first to the shared pool (runtime/thread_pool.hpp), so independent branches
 //     overlap without oversubscribing. Plans with asynchronous nodes (Recv, dequeue) and partitions
 //     of a multi-device step always run this way: an async node that must wait returns at once and
 //     its completion (on whatever thread delivers the tensor) continues the partition on the pool,
@@ -25,7 +25,7 @@
 
 #include "core/check.hpp"
 #include "exec/graph_capture.hpp"
-#include "exec/thread_pool.hpp"
+#include "runtime/thread_pool.hpp"
 #include "ops/internal.hpp"
 
 namespace flowlet::detail {

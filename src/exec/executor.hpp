@@ -14,8 +14,8 @@
 #include <span>
 #include <vector>
 
-#include "exec/cancellation.hpp"
-#include "exec/step_context.hpp"
+#include "runtime/cancellation.hpp"
+#include "runtime/step_context.hpp"
 #include "flowlet/graph.hpp"
 
 namespace flowlet::detail {

@@ -7,25 +7,23 @@
 
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
-#include "core/variable_state.hpp"
+#include "state/variable_state.hpp"
 #include "exec/executor.hpp"
 #include "flowlet/graph.hpp"
 #include "ops/internal.hpp"
-#include "ops/state.hpp"
+#include "state/variable_ops.hpp"
 
 namespace flowlet::detail {
 
 constinit thread_local CaptureRecorder* capture_recorder = nullptr;
 
-void defer_check(std::function<void()> check) {
-  CaptureRecorder* recorder = capture_recorder;
-  if (!recorder) fail<InvalidArgument>("internal: defer_check outside a CUDA Graph recording");
-  if (!recorder->checks_allowed) {
+void CaptureRecorder::defer_check(std::function<void()> check) {
+  if (!checks_allowed) {
     fail<DeviceError>("CUDA Graph: node {} checks data on the host after the step's first variable update, so a "
                       "bad value could not be refused before the update; the function runs uncaptured",
-                      recorder->node ? recorder->node->label() : std::string("?"));
+                      node ? node->label() : std::string("?"));
   }
-  recorder->checks.push_back({std::move(check), recorder->node});
+  checks.push_back({std::move(check), node});
 }
 
 namespace {
@@ -153,13 +151,14 @@ bool GraphCapture::record(std::span<const Tensor> arguments) {
     // Written variables that others share get a private copy now, so the recording can update
     // them in place (later recordings had it done by the check before them).
     (void)buffers_unchanged();
-    recorded->graph = cuda_backend().start_recording(device_);
+    recorded->graph = backend(DeviceKind::cuda).start_recording(device_);
     RecorderScope scope(&recorder);
     for (const Tensor& argument : arguments) {
       recorded->inputs.push_back(Tensor::empty(argument.shape(), argument.dtype(), argument.device()));
     }
     StepShared shared;
     shared.remaining = 1;
+    shared.context.recording = &recorder;
     Plan::StepPtr step = plan_.make_step(shared, recorded->inputs);
     recorded->graph->begin_phase();
     plan_.run_items(*step, 0, first_write_);
@@ -203,7 +202,7 @@ bool GraphCapture::buffers_unchanged() {
 
 std::vector<Tensor> GraphCapture::replay(std::span<const Tensor> arguments) {
   Recorded& r = *recorded_;
-  for (size_t i = 0; i < r.inputs.size(); ++i) cuda_backend().copy_in_place(r.inputs[i], arguments[i]);
+  for (size_t i = 0; i < r.inputs.size(); ++i) backend(DeviceKind::cuda).copy_in_place(r.inputs[i], arguments[i]);
   r.graph->launch(0);
   for (const CaptureRecorder::DeferredCheck& c : r.checks) {
     try {

@@ -34,6 +34,7 @@
 
 #include "core/backend.hpp"
 #include "flowlet/trace.hpp"
+#include "runtime/step_context.hpp"
 
 namespace flowlet {
 class Graph;
@@ -45,9 +46,13 @@ namespace flowlet::detail {
 class Plan;
 struct VariableState;
 
-// What a kernel that checks data on the host does while its thread records a CUDA Graph: it queues
-// the check here instead of waiting for the device; the checks run after a replay of the phase.
-struct CaptureRecorder {
+// What a kernel that checks data on the host does while its step is recorded into a CUDA Graph
+// (StepContext::recording): it queues the check here instead of waiting for the device; the
+// checks run after a replay of the phase.
+struct CaptureRecorder final : StepRecording {
+  // Throws DeviceError (the recording fails) when checks are no longer allowed.
+  void defer_check(std::function<void()> check) override;
+
   struct DeferredCheck {
     std::function<void()> check;  // throws the kernel's error when its flag was raised
     const Node* node = nullptr;
@@ -57,12 +62,9 @@ struct CaptureRecorder {
   bool checks_allowed = true;  // false after the step's first variable update
 };
 
-// Non-null while the calling thread records a CUDA Graph.
+// Non-null while the calling thread records a CUDA Graph (the executor names the node being
+// recorded in it; kernels see the recording through their StepContext instead).
 extern constinit thread_local CaptureRecorder* capture_recorder;
-
-// Queues `check` for after the replay (the recording thread only). Throws DeviceError (which makes
-// the recording fail and the function run uncaptured) when checks are no longer allowed.
-void defer_check(std::function<void()> check);
 
 class GraphCapture {
  public:

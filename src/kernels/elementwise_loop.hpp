@@ -9,7 +9,7 @@
 #include <tuple>
 #include <utility>
 
-#include "exec/thread_pool.hpp"
+#include "runtime/thread_pool.hpp"
 #include "flowlet/core/tensor.hpp"
 #include "kernels/dtypes.hpp"
 

@@ -8,7 +8,7 @@
 #include "flowlet/dispatch.hpp"
 #include "kernels/dtypes.hpp"
 #include "kernels/philox.hpp"
-#include "exec/thread_pool.hpp"
+#include "runtime/thread_pool.hpp"
 #include "ops/attributes.hpp"
 #include "ops/registry.hpp"
 

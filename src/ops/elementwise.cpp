@@ -8,8 +8,8 @@
 
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/creation.hpp"
-#include "autodiff/grad_helpers.hpp"
-#include "exec/thread_pool.hpp"
+#include "ops/grad_helpers.hpp"
+#include "runtime/thread_pool.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "kernels/vector_math.hpp"
 #include "ops/attributes.hpp"

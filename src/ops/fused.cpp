@@ -9,7 +9,8 @@
 #include <algorithm>
 
 #include "core/check.hpp"
-#include "exec/thread_pool.hpp"
+#include "ops/registry.hpp"
+#include "runtime/thread_pool.hpp"
 
 namespace flowlet::detail {
 namespace {
@@ -200,7 +201,9 @@ std::string describe(const FusedProgram& program) {
   return text;
 }
 
-const Op fused_elementwise_op{"fused_elementwise", 1, -1, kElementwise, &fused_infer, {&fused_kernel, nullptr},
-                              nullptr, &copy_attributes<FusedProgram>, &describe_attributes<FusedProgram>};
+Op fused_elementwise_op{"fused_elementwise", 1, -1, kElementwise, &fused_infer, {&fused_kernel, nullptr},
+                        nullptr, &copy_attributes<FusedProgram>, &describe_attributes<FusedProgram>};
+
+void add_fused_ops(std::vector<Op*>& ops) { ops.push_back(&fused_elementwise_op); }
 
 }  // namespace flowlet::detail

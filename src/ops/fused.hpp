@@ -46,8 +46,9 @@ struct FusedProgram {
 std::string describe(const FusedProgram& program);
 
 // The op. Its attributes are a FusedProgram; it has no gradient (fusion runs after gradients are
-// recorded). Inputs: the program's external inputs, in order.
-extern const Op fused_elementwise_op;
+// recorded). Inputs: the program's external inputs, in order. The fusion pass inserts it; it has
+// no public function.
+extern Op fused_elementwise_op;
 
 // Elements per tile: the unit one thread runs all steps over before moving on (64 KiB of f32 per
 // live intermediate; a chain keeps two, so tiles stay in L2). 4K-32K measured alike on an 8-op

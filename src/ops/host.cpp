@@ -9,6 +9,7 @@
 #include "flowlet/core/format.hpp"
 #include "flowlet/dispatch.hpp"
 #include "ops/internal.hpp"
+#include "ops/registry.hpp"
 
 namespace flowlet {
 namespace detail {
@@ -54,12 +55,14 @@ void callback_kernel(const OpCall& call, std::span<Tensor>) {
 
 }  // namespace
 
-// One kernel for every device kind: formatting copies a GPU tensor to the host first
+// One kernel for every device kind (kAnyDevice): formatting copies a GPU tensor to the host first
 // (core/format.cpp), and the callback gets host copies.
-Op print_op{"print", 1, 1, kStateful | kView, &print_infer, {&print_kernel, &print_kernel}, nullptr,
+Op print_op{"print", 1, 1, kStateful | kView | kAnyDevice, &print_infer, {&print_kernel}, nullptr,
             &copy_attributes<PrintAttrs>, &describe_attributes<PrintAttrs>};
-Op host_callback_op{"host_callback", 0, -1, kStateful | kView, &callback_infer, {&callback_kernel, &callback_kernel},
+Op host_callback_op{"host_callback", 0, -1, kStateful | kView | kAnyDevice, &callback_infer, {&callback_kernel},
                     nullptr, &copy_attributes<CallbackAttrs>, &describe_attributes<CallbackAttrs>};
+
+void add_host_ops(std::vector<Op*>& ops) { ops.insert(ops.end(), {&print_op, &host_callback_op}); }
 
 }  // namespace detail
 

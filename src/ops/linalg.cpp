@@ -15,9 +15,10 @@
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/ops/reduce.hpp"
 #include "flowlet/ops/shape.hpp"
-#include "exec/thread_pool.hpp"
+#include "runtime/thread_pool.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "ops/gemm.hpp"
+#include "ops/known_ops.hpp"
 #include "ops/registry.hpp"
 
 namespace flowlet {
@@ -257,9 +258,9 @@ void matmul_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor>
   }
 }
 
-Op matmul_op{"matmul", 2, 2, kNoFlags, &matmul_infer, {&matmul_kernel, nullptr}, &matmul_grad};
-
 }  // namespace
+
+Op matmul_op{"matmul", 2, 2, kNoFlags, &matmul_infer, {&matmul_kernel, nullptr}, &matmul_grad};
 
 void add_linalg_ops(std::vector<Op*>& ops) { ops.push_back(&matmul_op); }
 

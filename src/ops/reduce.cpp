@@ -14,7 +14,7 @@
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/ops/shape.hpp"
-#include "autodiff/grad_helpers.hpp"
+#include "ops/grad_helpers.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "ops/attributes.hpp"
 #include "ops/reduce_layout.hpp"

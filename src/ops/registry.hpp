@@ -1,4 +1,4 @@
-// Each op family lists its ops here; the registry gathers them (explicit, no static constructors).
+// Each op family lists its ops here; src/registry.cpp gathers them (explicit, no static constructors).
 #pragma once
 
 #include <vector>
@@ -7,11 +7,19 @@
 
 namespace flowlet::detail {
 
+// The families with public functions (src/ops/<family>.cpp).
 void add_creation_ops(std::vector<Op*>& ops);
 void add_elementwise_ops(std::vector<Op*>& ops);
 void add_linalg_ops(std::vector<Op*>& ops);
 void add_nn_ops(std::vector<Op*>& ops);
 void add_reduce_ops(std::vector<Op*>& ops);
 void add_shape_ops(std::vector<Op*>& ops);
+void add_host_ops(std::vector<Op*>& ops);  // print, host_callback
+
+// Ops that only graphs hold, recorded by a library call while tracing or inserted by a pass.
+void add_state_ops(std::vector<Op*>& ops);     // read_variable, assign_variable, assign_matmul
+void add_transfer_ops(std::vector<Op*>& ops);  // send, recv
+void add_fused_ops(std::vector<Op*>& ops);     // fused_elementwise
+void add_queue_ops(std::vector<Op*>& ops);     // queue_enqueue, queue_dequeue (src/queue/queue_ops.cpp)
 
 }  // namespace flowlet::detail

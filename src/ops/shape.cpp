@@ -307,11 +307,13 @@ std::string describe_rows(const void* attributes) {
   return fmt::format("rows={}", *static_cast<const int64_t*>(attributes));
 }
 
-Op reshape_op{"reshape", 1, 1, kView, &reshape_infer, {&reshape_kernel, nullptr}, &reshape_grad,
+// The views make a TensorImpl over the input's storage (and call public ops, such as contiguous,
+// which dispatch to the input's device), so their CPU kernels serve every device kind.
+Op reshape_op{"reshape", 1, 1, kView | kAnyDevice, &reshape_infer, {&reshape_kernel, nullptr}, &reshape_grad,
               &copy_attributes<ReshapeAttrs>, &describe_attributes<ReshapeAttrs>};
-Op permute_op{"permute", 1, 1, kView, &permute_infer, {&permute_kernel, nullptr}, &permute_grad,
+Op permute_op{"permute", 1, 1, kView | kAnyDevice, &permute_infer, {&permute_kernel, nullptr}, &permute_grad,
               &copy_attributes<PermuteAttrs>, &describe_attributes<PermuteAttrs>};
-Op slice_op{"slice", 1, 1, kView, &slice_infer, {&slice_kernel, nullptr}, &slice_grad, &copy_attributes<SliceAttrs>,
+Op slice_op{"slice", 1, 1, kView | kAnyDevice, &slice_infer, {&slice_kernel, nullptr}, &slice_grad, &copy_attributes<SliceAttrs>,
             &describe_attributes<SliceAttrs>};
 Op copy_op{"copy", 1, 1, kElementwise, &same_meta_infer, {&copy_kernel, nullptr}, &copy_grad};
 // The kernel of the destination's kind runs; the CPU one hands copies from another kind to that

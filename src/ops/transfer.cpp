@@ -5,10 +5,11 @@
 #include <fmt/format.h>
 
 #include "core/check.hpp"
-#include "exec/rendezvous.hpp"
-#include "exec/step_context.hpp"
+#include "runtime/rendezvous.hpp"
+#include "runtime/step_context.hpp"
 #include "flowlet/core/storage.hpp"
 #include "ops/internal.hpp"
+#include "ops/registry.hpp"
 
 namespace flowlet::detail {
 namespace {
@@ -85,9 +86,22 @@ std::string TransferAttrs::describe() const {
                      control ? ", control=true" : "");
 }
 
-Op send_op{"send", 0, 1, kStateful | kView, &send_infer, {&send_kernel, &send_kernel}, nullptr,
-           &copy_attributes<TransferAttrs>, &describe_attributes<TransferAttrs>};
-Op recv_op{"recv", 0, 0, kStateful | kView, &recv_infer, {}, nullptr,
-           &copy_attributes<TransferAttrs>, &describe_attributes<TransferAttrs>, {&recv_kernel, &recv_kernel}};
+// Both move handles only (a copy between device kinds is deliver_to's, through dispatch), so one
+// kernel serves every device kind (kAnyDevice).
+Op send_op{.name = "send",
+           .max_inputs = 1,
+           .flags = kGraphOnly | kStateful | kView | kAnyDevice,
+           .infer = &send_infer,
+           .kernels = {&send_kernel},
+           .copy_attributes = &copy_attributes<TransferAttrs>,
+           .describe_attributes = &describe_attributes<TransferAttrs>};
+Op recv_op{.name = "recv",
+           .flags = kGraphOnly | kStateful | kView | kAnyDevice,
+           .infer = &recv_infer,
+           .copy_attributes = &copy_attributes<TransferAttrs>,
+           .describe_attributes = &describe_attributes<TransferAttrs>,
+           .async_kernels = {&recv_kernel}};
+
+void add_transfer_ops(std::vector<Op*>& ops) { ops.insert(ops.end(), {&send_op, &recv_op}); }
 
 }  // namespace flowlet::detail

@@ -4,7 +4,7 @@
 #include <mutex>
 
 #include "core/check.hpp"
-#include "core/variable_state.hpp"
+#include "state/variable_state.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/optim.hpp"

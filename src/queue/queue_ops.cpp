@@ -6,11 +6,12 @@
 #include <fmt/format.h>
 
 #include "core/check.hpp"
-#include "exec/cancellation.hpp"
-#include "exec/step_context.hpp"
+#include "runtime/cancellation.hpp"
+#include "runtime/step_context.hpp"
 #include "flowlet/core/format.hpp"
+#include "flowlet/dispatch.hpp"
+#include "ops/registry.hpp"
 #include "queue/queue_internal.hpp"
-#include "trace/tracer.hpp"
 
 namespace flowlet::detail {
 namespace {
@@ -27,10 +28,13 @@ struct QueueOpAttrs {
   }
 };
 
+// "dequeue" or "enqueue": the Queue method that records `op`.
+const char* queue_method(const Op& op);
+
 void check_in_step(const OpCall& call) {
   if (call.step == nullptr || call.step->cancellation == nullptr) {
     fail<InvalidArgument>("{}: runs only inside a graph step (Queue::{} records it while tracing)", call.op.name,
-                          call.op.name == "queue_dequeue" ? "dequeue" : "enqueue");
+                          queue_method(call.op));
   }
 }
 
@@ -77,14 +81,15 @@ class CancellableWait : public std::enable_shared_from_this<CancellableWait> {
   Cancellation::Token token_ = -1;
 };
 
-void dequeue_infer(const OpCall& call, OutputSpec&) {
-  fail<InvalidArgument>("{}: records only through Queue::dequeue while tracing", call.op.name);
+// The item's signature comes from the attributes: record_dequeue saw the queue's first item.
+void dequeue_infer(const OpCall& call, OutputSpec& spec) {
+  const auto& attrs = call.attrs<QueueOpAttrs>();
+  spec.count = static_cast<int>(attrs.item.size());
+  spec.device = attrs.device;
+  for (size_t k = 0; k < attrs.item.size(); ++k) spec.outputs[k] = attrs.item[k];
 }
 
-void enqueue_infer(const OpCall& call, OutputSpec& spec) {
-  (void)call;
-  spec.count = 0;
-}
+void enqueue_infer(const OpCall&, OutputSpec& spec) { spec.count = 0; }
 
 // The item a graph dequeue returns must match what the graph was traced with: its nodes were sized
 // for that.
@@ -137,10 +142,36 @@ void enqueue_kernel(const OpCall& call, std::span<Tensor>, AsyncDone done) {
   wait->watch(id);
 }
 
-Op queue_dequeue_op{"queue_dequeue", 0, 0, kStateful | kView, &dequeue_infer, {}, nullptr,
-                    &copy_attributes<QueueOpAttrs>, &describe_attributes<QueueOpAttrs>, {&dequeue_kernel, nullptr}};
-Op queue_enqueue_op{"queue_enqueue", 0, kMaxOutputs, kStateful | kView, &enqueue_infer, {}, nullptr,
-                    &copy_attributes<QueueOpAttrs>, &describe_attributes<QueueOpAttrs>, {&enqueue_kernel, nullptr}};
+ResourceAccess uses_queue(const void* attributes) {
+  return {static_cast<const QueueOpAttrs*>(attributes)->state.get(), /*writes=*/true};
+}
+std::string dequeue_node_name(const void* attributes) {
+  return "dequeue_" + static_cast<const QueueOpAttrs*>(attributes)->queue_name;
+}
+std::string enqueue_node_name(const void* attributes) {
+  return "enqueue_" + static_cast<const QueueOpAttrs*>(attributes)->queue_name;
+}
+
+// Both change the queue (a dequeue takes an item out), so both write it: they keep program order.
+Op queue_dequeue_op{.name = "queue_dequeue",
+                    .flags = kGraphOnly | kStateful | kView,
+                    .infer = &dequeue_infer,
+                    .copy_attributes = &copy_attributes<QueueOpAttrs>,
+                    .describe_attributes = &describe_attributes<QueueOpAttrs>,
+                    .async_kernels = {&dequeue_kernel},
+                    .resource = &uses_queue,
+                    .node_name = &dequeue_node_name};
+Op queue_enqueue_op{.name = "queue_enqueue",
+                    .max_inputs = kMaxOutputs,
+                    .flags = kGraphOnly | kStateful | kView,
+                    .infer = &enqueue_infer,
+                    .copy_attributes = &copy_attributes<QueueOpAttrs>,
+                    .describe_attributes = &describe_attributes<QueueOpAttrs>,
+                    .async_kernels = {&enqueue_kernel},
+                    .resource = &uses_queue,
+                    .node_name = &enqueue_node_name};
+
+const char* queue_method(const Op& op) { return &op == &queue_dequeue_op ? "dequeue" : "enqueue"; }
 
 void check_graph_item_size(const char* op, const QueueState& s, const std::string& name, size_t size) {
   (void)s;
@@ -152,23 +183,14 @@ void check_graph_item_size(const char* op, const QueueState& s, const std::strin
 
 }  // namespace
 
+void add_queue_ops(std::vector<Op*>& ops) { ops.insert(ops.end(), {&queue_enqueue_op, &queue_dequeue_op}); }
+
 std::vector<Tensor> record_dequeue(const std::shared_ptr<QueueState>& state, const std::string& name) {
   const std::vector<Tensor> first = wait_for_first_item(*state, "dequeue");
   check_graph_item_size("dequeue", *state, name, first.size());
   QueueOpAttrs attrs{state, name, {}, first.empty() ? Device() : first[0].device()};
-  OutputSpec spec;
-  spec.count = static_cast<int>(first.size());
-  spec.device = attrs.device;
-  for (size_t k = 0; k < first.size(); ++k) {
-    attrs.item.push_back(TensorMeta{first[k].shape(), first[k].dtype()});
-    spec.outputs[k] = attrs.item.back();
-  }
-  std::array<Tensor, kMaxOutputs> outputs;
-  TraceBuilder* trace = active_trace();
-  const int32_t node = trace->record(queue_dequeue_op, {}, &attrs, spec,
-                                     std::span<Tensor>(outputs.data(), first.size()), state.get(), /*writes=*/true);
-  trace->graph().node(node).name = fmt::format("dequeue_{}_{}", name, node);
-  return std::vector<Tensor>(outputs.begin(), outputs.begin() + static_cast<std::ptrdiff_t>(first.size()));
+  for (const Tensor& t : first) attrs.item.push_back(TensorMeta{t.shape(), t.dtype()});
+  return dispatch_all(queue_dequeue_op, {}, &attrs);
 }
 
 void record_enqueue(const std::shared_ptr<QueueState>& state, const std::string& name, const std::vector<Tensor>& item) {
@@ -180,12 +202,7 @@ void record_enqueue(const std::shared_ptr<QueueState>& state, const std::string&
     }
   }
   const QueueOpAttrs attrs{state, name, {}, Device()};
-  OutputSpec spec;
-  spec.count = 0;
-  spec.device = item.empty() ? Device() : item[0].device();
-  TraceBuilder* trace = active_trace();
-  const int32_t node = trace->record(queue_enqueue_op, item, &attrs, spec, {}, state.get(), /*writes=*/true);
-  trace->graph().node(node).name = fmt::format("enqueue_{}_{}", name, node);
+  dispatch_all(queue_enqueue_op, item, &attrs);
 }
 
 }  // namespace flowlet::detail

@@ -12,6 +12,7 @@
 #include "flowlet/core/format.hpp"
 #include "flowlet/graph.hpp"
 #include "ops/internal.hpp"
+#include "ops/transfer.hpp"
 #include "trace/json_text.hpp"
 
 namespace flowlet {
@@ -149,7 +150,7 @@ std::string Graph::to_dot() const {
     }
     for (int32_t c : n.control_inputs) {
       // A recv's control input is its send: in the partitioned graph that edge is the rendezvous.
-      const bool rendezvous = n.kind == NodeKind::op && n.op->name == "recv";
+      const bool rendezvous = n.kind == NodeKind::op && n.op == &detail::recv_op;
       dot += fmt::format("  n{} -> n{} [{}];\n", c, i,
                          rendezvous ? "style=bold, color=red, label=\"rendezvous\"" : "style=dashed");
     }

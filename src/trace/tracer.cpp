@@ -82,7 +82,7 @@ ValueRef TraceBuilder::value_of(const Tensor& t) {
 }
 
 int32_t TraceBuilder::record(const Op& op, std::span<const Tensor> inputs, const void* attributes,
-                             const OutputSpec& spec, std::span<Tensor> outputs, const void* resource, bool writes) {
+                             const OutputSpec& spec, std::span<Tensor> outputs) {
   Node n;
   n.kind = NodeKind::op;
   n.op = &op;
@@ -92,7 +92,7 @@ int32_t TraceBuilder::record(const Op& op, std::span<const Tensor> inputs, const
   for (int i = 0; i < spec.count; ++i) n.outputs.push_back(spec.outputs[static_cast<size_t>(i)]);
   n.device = spec.device;
   if (const ScopeFrame* scope = innermost_scope) {  // placement requests, kept for the placer
-    n.requested_device = scope->requested;
+    if (!op.has_flag(kRunsAtResource)) n.requested_device = scope->requested;
     n.colocate_with = scope->colocate_with;
   }
   n.gradient_of = current_gradient_of;
@@ -101,8 +101,12 @@ int32_t TraceBuilder::record(const Op& op, std::span<const Tensor> inputs, const
   for (int i = 0; i < spec.count; ++i) {
     outputs[static_cast<size_t>(i)] = make_symbolic(spec.outputs[static_cast<size_t>(i)], spec.device, id_, id, i);
   }
+  if (op.node_name) graph_.node(id).name = fmt::format("{}_{}", op.node_name(attributes), id);
   static const char host = 0;  // the resource every print and callback shares
-  if (op.has_flag(kStateful)) order_effect(id, resource ? resource : &host, writes);
+  if (op.has_flag(kStateful)) {
+    const ResourceAccess access = op.resource ? op.resource(attributes) : ResourceAccess{};
+    order_effect(id, access.resource ? access.resource : &host, access.writes);
+  }
   return id;
 }
 

@@ -25,11 +25,12 @@ class TraceBuilder {
   // A symbolic tensor standing for the traced function's tensor argument `index`.
   Tensor add_argument(const TensorMeta& meta, Device device, int32_t index);
 
-  // Records `op` on `inputs` (validated and inferred by dispatch) and fills `outputs` with
-  // symbolic tensors. Returns the node id. A stateful op is ordered on `resource` (see
-  // order_effect); without one, on the host (prints and callbacks keep their program order).
+  // Records `op` on `inputs` (validated and inferred by dispatch, its only caller) and fills
+  // `outputs` with symbolic tensors. Returns the node id. A stateful op is ordered on the resource
+  // its Op::resource names (see order_effect); without one, on the host (prints and callbacks
+  // keep their program order). Op::node_name, when set, starts the node's name.
   int32_t record(const Op& op, std::span<const Tensor> inputs, const void* attributes, const OutputSpec& spec,
-                 std::span<Tensor> outputs, const void* resource = nullptr, bool writes = true);
+                 std::span<Tensor> outputs);
 
   // The graph value a tensor stands for: a symbolic tensor of this trace, or a concrete tensor,
   // which becomes a constant node (one per tensor, however often it is used).

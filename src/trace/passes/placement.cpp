@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "core/check.hpp"
-#include "ops/state.hpp"
+#include "state/variable_ops.hpp"
 #include "trace/passes/passes.hpp"
 
 namespace flowlet::detail {

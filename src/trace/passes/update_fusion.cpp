@@ -9,7 +9,8 @@
 // no other use (nor was a graph output), so nothing else changes.
 #include <vector>
 
-#include "ops/state.hpp"
+#include "ops/known_ops.hpp"
+#include "state/variable_ops.hpp"
 #include "trace/passes/passes.hpp"
 
 namespace flowlet::detail {
@@ -30,7 +31,7 @@ void fuse_variable_updates(Graph& graph) {
     // Only where assign_matmul has a kernel (CPU: BLAS; CUDA: cuBLAS, once the backend registered it).
     if (attrs.mode == AssignMode::assign || !assign_matmul_op.runs_on(update.device.kind())) continue;
     Node& product = graph.node(update.inputs[0].node);
-    if (product.removed || product.kind != NodeKind::op || product.op->name != "matmul" ||
+    if (product.removed || product.kind != NodeKind::op || product.op != &matmul_op ||
         uses[static_cast<size_t>(update.inputs[0].node)] != 1 || product.device != update.device) {
       continue;
     }

@@ -1,5 +1,5 @@
 // Variables: a shared slot holding the current value; updates check first, then swap the value.
-// While a trace is active, reads and updates become stateful graph nodes instead (ops/state.cpp).
+// While a trace is active, reads and updates become stateful graph nodes instead (state/variable_ops.cpp).
 #include "flowlet/variable.hpp"
 
 #include <cblas.h>
@@ -9,12 +9,12 @@
 #include "core/backend.hpp"
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
-#include "exec/graph_capture.hpp"
-#include "exec/thread_pool.hpp"
-#include "core/variable_state.hpp"
 #include "flowlet/autodiff.hpp"
+#include "flowlet/device_scope.hpp"
 #include "flowlet/ops/elementwise.hpp"
-#include "ops/state.hpp"
+#include "runtime/thread_pool.hpp"
+#include "state/variable_ops.hpp"
+#include "state/variable_state.hpp"
 #include "trace/tracer.hpp"
 
 namespace flowlet {
@@ -63,6 +63,13 @@ Tensor peek(const detail::VariableState& s) {
   return s.value;
 }
 }  // namespace
+
+ColocateWith::ColocateWith(const Variable& variable) {
+  if (!variable.defined()) throw InvalidArgument("ColocateWith: variable is an empty Variable handle");
+  frame_.device = variable.device();
+  frame_.colocate_with = variable.identity();
+  detail::push_scope(frame_);
+}
 
 Shape Variable::shape() const { return peek(state()).shape(); }
 DType Variable::dtype() const { return peek(state()).dtype(); }
@@ -120,14 +127,15 @@ bool update_in_place(Tensor& value, const Tensor& t, double scale) {
 
 }  // namespace
 
-void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt, double scale) {
+void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt, double scale,
+                           bool recording_graph) {
   NoDeviceScope here;  // the arithmetic below runs on the variable's device, whatever scope is active
   std::lock_guard lock(s.mutex);
   check_variable_update(assign_mode_name(mode), s, t);
   const bool on_gpu = s.value.device().kind() != DeviceKind::cpu;
   // A CUDA Graph being recorded writes into the variable's buffer at every replay, so the buffer
   // must stay (exec/graph_capture.hpp); an update that cannot do that ends the recording instead.
-  const bool recording = on_gpu && capture_recorder != nullptr;
+  const bool recording = on_gpu && recording_graph;
   const bool owned = exclusively_owned(s.value);
   if (recording && !owned) {
     fail<DeviceError>("{}: variable '{}' on {} is shared with another tensor, so a CUDA Graph cannot update it in "
@@ -135,7 +143,7 @@ void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, b
                       assign_mode_name(mode), s.name, s.value.device());
   }
   if (mode == AssignMode::assign) {
-    if (recording) return cuda_backend().copy_in_place(s.value, t);
+    if (recording) return backend(s.value.device().kind()).copy_in_place(s.value, t);
     // A private copy, unless t is a fresh result: later changes to t's storage must not leak in.
     s.value = adopt && t.is_contiguous() ? t : cast(t, t.dtype());
     return;
@@ -146,7 +154,7 @@ void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, b
     if (!on_gpu && update_in_place(s.value, t, signed_scale)) return;
     const DType dt = s.value.dtype();
     if (on_gpu && dt != b8 && (is_floating(dt) || signed_scale == std::trunc(signed_scale))) {
-      return cuda_backend().add_scaled_in_place(s.value, t.contiguous(), signed_scale);
+      return backend(s.value.device().kind()).add_scaled_in_place(s.value, t.contiguous(), signed_scale);
     }
   }
   if (recording) {

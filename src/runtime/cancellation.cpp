@@ -1,4 +1,4 @@
-#include "exec/cancellation.hpp"
+#include "runtime/cancellation.hpp"
 
 #include <vector>
 

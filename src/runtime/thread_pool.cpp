@@ -5,7 +5,7 @@
 // caller waits only for work that is already running and cannot deadlock on a busy worker.
 // The budget counts running threads, callers inside parallel_for included: a worker starts work
 // only while fewer than budget threads run, so two threads' GEMMs at once do not oversubscribe.
-#include "exec/thread_pool.hpp"
+#include "runtime/thread_pool.hpp"
 
 #include <algorithm>
 #include <atomic>

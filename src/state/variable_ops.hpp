@@ -3,8 +3,8 @@
 
 #include <memory>
 
-#include "core/variable_state.hpp"
 #include "flowlet/op.hpp"
+#include "state/variable_state.hpp"
 
 namespace flowlet::detail {
 
@@ -21,9 +21,11 @@ extern Op assign_variable_op;  // (update) -> nothing; assign, assign_add or ass
 // forming a @ b (a gradient update, fused by the fuse_variable_updates pass). Rank-2 a and b.
 extern Op assign_matmul_op;
 
-// Records a read of `state` in the active trace, ordered after its last recorded update.
+// Records a read of `state` in the active trace (through dispatch), ordered after its last
+// recorded update.
 Tensor record_variable_read(const std::shared_ptr<VariableState>& state);
-// Records an update (checked now against the variable's shape, dtype and device).
+// Records an update (checked now against the variable's shape and dtype; the device is the
+// placer's to choose).
 void record_variable_update(const std::shared_ptr<VariableState>& state, AssignMode mode, const Tensor& t,
                             double scale = 1.0);
 

@@ -1,4 +1,4 @@
-#include "exec/rendezvous.hpp"
+#include "runtime/rendezvous.hpp"
 
 #include "core/check.hpp"
 

@@ -39,6 +39,9 @@ bool exclusively_owned(const Tensor& value);
 // as the new value without copying it (it is a fresh result nobody else can change). When nothing
 // but the variable holds the current value (no reader keeps it), add and sub write into it in one
 // pass instead of allocating a new value; otherwise readers keep the old values as always.
-void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt, double scale = 1.0);
+// `recording_graph`: the update is a node of a step being recorded into a CUDA Graph
+// (StepContext::recording), so it must write into the variable's buffer or fail.
+void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, bool adopt, double scale = 1.0,
+                           bool recording_graph = false);
 
 }  // namespace flowlet::detail

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Lists every #include in src/ that points up a layer (docs/ARCHITECTURE.md, "Layers").
+
+Usage: scripts/check_layers.py  (from anywhere; exit status 1 when it finds one not in KNOWN)
+
+Each source file and each included header belongs to one layer, found by the longest matching
+path prefix below; a file may include headers of its own layer and of lower ones. Public headers
+(flowlet/...) count as the layer that implements them.
+"""
+import pathlib
+import re
+import sys
+
+# Lowest first. A layer may include itself and everything above it in this list.
+LAYERS = [
+    ("core", ["src/core/", "flowlet/core/", "flowlet/xtensor.hpp", "flowlet/device_scope.hpp"]),
+    ("runtime", ["src/runtime/"]),
+    ("kernels", ["src/kernels/"]),
+    ("ops", ["src/ops/", "flowlet/op.hpp", "flowlet/dispatch.hpp", "flowlet/ops/", "src/registry.cpp"]),
+    ("recording", ["src/dispatch.cpp", "src/autodiff/", "flowlet/autodiff.hpp", "src/trace/tracer.",
+                   "src/trace/graph", "flowlet/graph.hpp", "src/trace/source_trace.", "src/trace/json_text.hpp"]),
+    ("state", ["src/state/", "flowlet/variable.hpp", "src/queue/", "flowlet/queue.hpp"]),
+    ("backends and passes", ["src/cuda/", "src/trace/passes/"]),
+    ("exec", ["src/exec/"]),
+    ("front end", ["src/trace/function.cpp", "flowlet/trace.hpp"]),
+    ("libraries", ["src/optim/", "flowlet/optim.hpp", "flowlet/layers.hpp", "src/checkpoint/",
+                   "flowlet/checkpoint.hpp", "src/data/", "flowlet/data/", "flowlet/flowlet.hpp"]),
+]
+
+# Upward includes with a known fix that another change owns: listed, but not failing the check.
+KNOWN = {
+    # Scalar dtype conversions shared by the CPU and CUDA kernels; they need only core, and move to
+    # core with the one host/device definition of the conversions.
+    ("src/core/format.cpp", "kernels/dtypes.hpp"),
+    # CudaGraphInfo is declared with the tracing front end; it moves to a header below exec when
+    # flowlet/trace.hpp is split.
+    ("src/exec/graph_capture.hpp", "flowlet/trace.hpp"),
+}
+
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def layer_of(path):
+    best = None
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if path.startswith(prefix) and (best is None or len(prefix) > best[1]):
+                best = (rank, len(prefix))
+    return None if best is None else best[0]
+
+
+def header_path(include):
+    # Internal headers are included relative to src/ ("core/check.hpp"); public ones as "flowlet/...".
+    return include if include.startswith("flowlet/") else "src/" + include
+
+
+def main():
+    root = pathlib.Path(__file__).resolve().parent.parent
+    upward = []
+    known = []
+    for source in sorted((root / "src").rglob("*")):
+        if source.suffix not in {".cpp", ".hpp", ".cu", ".cuh"}:
+            continue
+        relative = source.relative_to(root).as_posix()
+        own = layer_of(relative)
+        if own is None:
+            upward.append(f"{relative}: belongs to no layer (add it to scripts/check_layers.py)")
+            continue
+        for line_number, line in enumerate(source.read_text().splitlines(), 1):
+            match = INCLUDE.match(line)
+            if not match:
+                continue
+            included = header_path(match.group(1))
+            theirs = layer_of(included)
+            if theirs is not None and theirs > own:
+                text = f"{relative}:{line_number}: {line.strip()}  ({LAYERS[own][0]} -> {LAYERS[theirs][0]})"
+                (known if (relative, match.group(1)) in KNOWN else upward).append(text)
+    for text in known:
+        print(f"known: {text}")
+    for text in upward:
+        print(f"upward: {text}")
+    print(f"{len(upward)} upward includes, {len(known)} known")
+    return 1 if upward else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
