@@ -8,7 +8,8 @@
 //   2. the result matches the reference for contiguous inputs;
 //   3. the same for non-contiguous inputs (permuted and strided views) where the op takes tensors;
 //   4. each declared error throws its type with a message that starts with "<op>:", and an empty
-//      Tensor handle in any input position throws InvalidArgument.
+//      Tensor handle in any input position throws InvalidArgument;
+//   5. traced (fl::trace) and eager calls give identical results, for every row that takes tensors.
 // Along the way every op is checked to leave its inputs unchanged.
 // Adding an op means adding its row here; the first check fails until then.
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "flowlet/trace.hpp"
 #include "support/reference.hpp"
 
 using test::Domain;
@@ -346,6 +348,39 @@ std::vector<Row> build_table() {
   rows.push_back(unary_row("relu", &fl::relu, [](double x) { return x > 0 ? x : 0.0; }, kArith, N));
   rows.push_back(unary_row("abs", &fl::abs, [](double x) { return std::abs(x); }, kArith, N));
   rows.push_back(unary_row("square", &fl::square, [](double x) { return x * x; }, kArith, N));
+  rows.push_back(unary_row("log1p", &fl::log1p, [](double x) { return std::log1p(x); }, kFloatMath, Domain::positive));
+  rows.push_back(unary_row("expm1", &fl::expm1, [](double x) { return std::expm1(x); }, kFloatMath, N));
+  rows.push_back(unary_row("erf", &fl::erf, [](double x) { return std::erf(x); }, kFloatMath, N));
+  rows.push_back(unary_row("gelu", &fl::gelu, [](double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); },
+                           kFloatMath, N));
+  rows.push_back(unary_row("sign", &fl::sign, [](double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x; }, kArith, N));
+  // Castable values include k + 0.5, where round's halves-to-even rule shows.
+  rows.push_back(unary_row("floor", &fl::floor, [](double x) { return std::floor(x); }, kFloatMath, Domain::castable));
+  rows.push_back(unary_row("round", &fl::round, [](double x) { return std::nearbyint(x); }, kFloatMath, Domain::castable));
+  {
+    Row row;
+    row.name = "clamp";
+    row.dtypes = kArith;
+    row.cases = {{{{2, 3}, {2, 3}, {2, 3}}}, {{{2, 3}, {}, {}}}, {{{4, 1}, {1, 5}, {5}}}, {{{0, 3}, {3}, {1}}}, {{{}, {}, {}}}};
+    row.make = random_inputs({N, N, Domain::positive});
+    row.run = [](const Inputs& in, const Case&, fl::DType) { return fl::clamp(in[0], in[1], in[2]); };
+    row.reference = [](const std::vector<Host>& h, const Case&, fl::DType dt) -> std::optional<Expected> {
+      const Host low = test::binary_ref(h[0], h[1], [](double x, double lo) { return x < lo ? lo : x; });
+      return Expected{test::binary_ref(low, h[2], [](double x, double hi) { return x > hi ? hi : x; }), dt};
+    };
+    row.errors = {
+        error<fl::ShapeError>("shapes that do not broadcast",
+                              [] { (void)fl::clamp(fl::zeros(fl::Shape{2, 3}), fl::zeros(fl::Shape{4}), fl::zeros(fl::Shape{})); },
+                              {"cannot broadcast", "[2, 3]", "[4]"}),
+        error<fl::DTypeError>("mixed dtypes",
+                              [] { (void)fl::clamp(fl::zeros(fl::Shape{2}), fl::zeros(fl::Shape{2}), fl::zeros(fl::Shape{2}, fl::f64)); },
+                              {"f32", "f64"}),
+        error<fl::DTypeError>("b8 input", [] { (void)fl::clamp(fl::zeros(fl::Shape{2}, fl::b8), 0.0, 1.0); }, {"b8"}),
+        error<fl::InvalidArgument>("a bound the dtype cannot hold",
+                                   [] { (void)fl::clamp(fl::tensor({1, 2}), 0.5, 2.0); }, {"0.5", "i32"}),
+    };
+    rows.push_back(std::move(row));
+  }
 
   // where
   {
@@ -877,7 +912,8 @@ const std::vector<std::string> kDocumentedOps = {
     "sqrt", "tanh",   "sigmoid", "relu",      "abs",        "square",  "equal",       "not_equal", "less", "less_equal",
     "greater", "greater_equal", "where", "cast", "sum",     "max",     "argmax",      "matmul",  "reshape", "permute",
     "concat", "gather", "copy",  "to_device", "one_hot",    "softmax", "log_softmax", "softmax_cross_entropy",
-    "full", "arange", "randn",   "uniform",
+    "full", "arange", "randn",   "uniform",   "log1p",      "expm1",   "erf",         "gelu",    "sign",   "floor",
+    "round", "clamp",
 };
 
 struct Outcome {
@@ -1055,6 +1091,51 @@ TEST_CASE("every op rejects an empty Tensor handle in any input position with In
     }
   }
   CHECK(checked >= 36);
+}
+
+// Same values (NaN where NaN), shape and dtype.
+bool identical(const fl::Tensor& a, const fl::Tensor& b) {
+  if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
+  const std::vector<double> x = test::values(a), y = test::values(b);
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i])))) return false;
+  return true;
+}
+
+TEST_CASE("every op that takes tensors gives the same results traced as eagerly") {
+  int rows_run = 0;
+  for (const Row& row : table()) {
+    if (!takes_tensors(row)) continue;
+    CAPTURE(row.name);
+    int compared = 0;
+    uint64_t seed = std::hash<std::string>{}(row.name) % 100000;
+    for (fl::DType dt : row.dtypes) {
+      for (const Case& c : row.cases) {
+        ++seed;
+        INFO("dtype ", fl::dtype_name(dt), ", case ", test::shape_text(c.shapes.at(0)), ", arg ", c.arg);
+        const Inputs inputs = row.make(c, dt, seed * 1000);
+        if (row.reference) {
+          std::vector<Host> hosts;
+          for (const fl::Tensor& t : inputs) hosts.push_back(test::host(t));
+          if (!row.reference(hosts, c, dt)) continue;  // the case does not apply
+        }
+        try {
+          const fl::Tensor eager = row.run(inputs, c, dt);
+          auto traced = fl::trace([&](std::vector<fl::Tensor> in) { return row.run(in, c, dt); });
+          const fl::Tensor got = traced(inputs);
+          CHECK_MESSAGE(identical(got, eager), "traced " << test::shape_text(got.shape()) << " "
+                                                         << fl::dtype_name(got.dtype()) << " differs from eager "
+                                                         << test::shape_text(eager.shape()));
+        } catch (const std::exception& e) {
+          FAIL_CHECK("threw " << test::error_kind(e) << ": " << e.what());
+        }
+        ++compared;
+      }
+    }
+    CHECK(compared > 0);
+    ++rows_run;
+  }
+  CHECK(rows_run >= 36);
 }
 
 // Regression: scatter_add's output shape [rows, updates.shape[indices.rank():]...] is checked for

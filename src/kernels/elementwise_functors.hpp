@@ -117,7 +117,10 @@ struct Square {
 // maximum(x, 0), NumPy and PyTorch.
 struct Relu {
   template <class T>
-  FLOWLET_HOST_DEVICE T operator()(T a) const { return a < T{0} ? T{0} : a; }
+  FLOWLET_HOST_DEVICE T operator()(T a) const {
+    if constexpr (std::is_unsigned_v<T>) return a;
+    else return a < T{0} ? T{0} : a;
+  }
 };
 // -1, 0 or 1; NaN gives NaN and a signed zero keeps its sign.
 struct Sign {
