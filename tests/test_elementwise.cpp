@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "flowlet/trace.hpp"
 #include "support/reference.hpp"
 
 using test::check_op_throws;
@@ -678,4 +679,20 @@ TEST_CASE("an integer scalar a floating dtype cannot hold exactly, or a float be
   check_tensor(fl::zeros(fl::Shape{1}) + 0.1, {static_cast<double>(0.1f)}, fl::Shape{1}, fl::f32);
   const double inf = std::numeric_limits<double>::infinity();
   check_tensor(fl::zeros(fl::Shape{1}, fl::f16) - inf, {-inf}, fl::Shape{1}, fl::f16);
+}
+
+TEST_CASE("NaN propagates through relu and clamp inside a traced (fused) elementwise chain as eagerly") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v(40000, -1.0f);  // several fused tiles
+  for (size_t i : {0, 16383, 16384, 39999}) v[i] = nan;
+  const fl::Tensor x = fl::tensor(v, fl::Shape{static_cast<int64_t>(v.size())});
+  auto chain = [](fl::Tensor t) { return fl::clamp(fl::relu(t * 2.0f) + 1.0f, 0.0, 5.0) * 3.0f; };
+  auto traced = fl::trace(chain);
+  const std::vector<float> got = traced(x).to_vector<float>();
+  const std::vector<float> eager = chain(x).to_vector<float>();
+  REQUIRE(got.size() == v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    CHECK(std::isnan(got[i]) == std::isnan(v[i]));
+    if (!std::isnan(v[i])) CHECK(got[i] == eager[i]);
+  }
 }
