@@ -58,14 +58,13 @@ void run_upcast(const OpCall& call, std::span<Tensor> out, KernelFn kernel) {
 // The operands of every kind: one dtype (from `Allowed`) broadcast together; comparisons give b8.
 template <ElementwiseKind Kind, DTypeSet Allowed>
 void elementwise_infer(const OpCall& call, OutputSpec& spec) {
-  const Tensor& first = call.inputs[0];
-  Shape shape = first.shape();
-  for (size_t k = 1; k < call.inputs.size(); ++k) {
-    check_same_dtype(call.op.name, first, call.inputs[k]);
-    shape = broadcast_shapes(call.op.name, shape, call.inputs[k].shape());
-  }
-  check_dtype(call.op.name, first.dtype(), Allowed);
-  spec.outputs[0] = {std::move(shape), Kind == ElementwiseKind::compare ? b8 : first.dtype()};
+  const std::span<const Tensor> in = call.inputs;
+  for (size_t k = 1; k < in.size(); ++k) check_same_dtype(call.op.name, in[0], in[k]);
+  check_dtype(call.op.name, in[0].dtype(), Allowed);
+  // Built in place (no copy for the unary and binary kinds): this rule runs on every eager call.
+  Shape shape = in.size() == 1 ? in[0].shape() : broadcast_shapes(call.op.name, in[0].shape(), in[1].shape());
+  for (size_t k = 2; k < in.size(); ++k) shape = broadcast_shapes(call.op.name, shape, in[k].shape());
+  spec.outputs[0] = {std::move(shape), Kind == ElementwiseKind::compare ? b8 : in[0].dtype()};
 }
 
 // The f32 SIMD versions of the transcendentals (libmvec, kernels/vector_math.hpp), or null.
