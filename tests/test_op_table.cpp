@@ -9,7 +9,9 @@
 //   3. the same for non-contiguous inputs (permuted and strided views) where the op takes tensors;
 //   4. each declared error throws its type with a message that starts with "<op>:", and an empty
 //      Tensor handle in any input position throws InvalidArgument;
-//   5. traced (fl::trace) and eager calls give identical results, for every row that takes tensors.
+//   5. traced (fl::trace) and eager calls give identical results, for every row that takes tensors;
+//   6. every other device with a kernel for the op gives cpu:0's results: cpu:1 (a logical CPU
+//      device, so the device plumbing is checked on every machine) and cuda:0 where a GPU is visible.
 // Along the way every op is checked to leave its inputs unchanged.
 // Adding an op means adding its row here; the first check fails until then.
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "flowlet/trace.hpp"
+#include "support/gpu.hpp"
 #include "support/reference.hpp"
 
 using test::Domain;
@@ -728,7 +731,8 @@ std::vector<Row> build_table() {
       return Expected{h[0], dt};
     };
     row.errors = {
-        error<fl::DeviceError>("missing cpu device", [] { (void)fl::zeros(fl::Shape{2}).to(fl::Device("cpu:1")); }, {"cpu:1"}),
+        // cpu:5: this file configures cpu:0 and cpu:1 (the other-devices check).
+        error<fl::DeviceError>("missing cpu device", [] { (void)fl::zeros(fl::Shape{2}).to(fl::Device("cpu:5")); }, {"cpu:5"}),
         error<fl::DeviceError>("missing cuda device", [] { (void)fl::zeros(fl::Shape{2}).to(fl::Device("cuda:0")); },
                                {"cuda:0"}),
     };
@@ -857,7 +861,7 @@ std::vector<Row> build_table() {
       return Expected{out, dt};
     };
     row.errors = {
-        error<fl::DeviceError>("missing device", [] { (void)fl::arange(3, fl::i64, fl::Device("cpu:1")); }, {"cpu:1"}),
+        error<fl::DeviceError>("missing device", [] { (void)fl::arange(3, fl::i64, fl::Device("cpu:5")); }, {"cpu:5"}),
     };
     rows.push_back(std::move(row));
   }
@@ -1134,6 +1138,58 @@ TEST_CASE("every op that takes tensors gives the same results traced as eagerly"
     }
     CHECK(compared > 0);
     ++rows_run;
+  }
+  CHECK(rows_run >= 36);
+}
+
+TEST_CASE("every op that takes tensors gives cpu:0's results on every other device that has its kernel") {
+  fl::set_logical_cpu_devices(2);
+  std::vector<fl::Device> devices{fl::Device("cpu:1")};
+  if (test::have_gpu()) devices.push_back(fl::Device("cuda:0"));
+  const fl::Device cpu0("cpu:0");
+  int rows_run = 0;
+  for (const Row& row : table()) {
+    const fl::Op* op = fl::find_op(row.name);
+    if (op == nullptr || !takes_tensors(row)) continue;
+    CAPTURE(row.name);
+    bool ran = false;
+    for (const fl::Device& device : devices) {
+      if (!op->runs_on(device.kind())) continue;
+      uint64_t seed = std::hash<std::string>{}(row.name) % 100000;
+      for (fl::DType dt : row.dtypes) {
+        for (const Case& c : row.cases) {
+          ++seed;
+          INFO("device ", device.str(), ", dtype ", fl::dtype_name(dt), ", case ", test::shape_text(c.shapes.at(0)),
+               ", arg ", c.arg);
+          const Inputs inputs = row.make(c, dt, seed * 1000);
+          std::vector<Host> hosts;
+          for (const fl::Tensor& t : inputs) hosts.push_back(test::host(t));
+          const std::optional<Expected> applies = row.reference ? row.reference(hosts, c, dt) : std::nullopt;
+          if (row.reference && !applies) continue;
+          try {
+            const fl::Tensor want = row.run(inputs, c, dt);
+            Inputs moved;
+            for (const fl::Tensor& t : inputs) moved.push_back(t.to(device));
+            const fl::Tensor got = row.run(moved, c, dt);
+            // to_device's row sends its result to cpu:0 whatever its input's device; the rest run where
+            // their inputs are.
+            CHECK(got.device() == (row.name == "to_device" ? cpu0 : device));
+            const bool half = want.dtype() == fl::f16 || want.dtype() == fl::bf16;
+            const bool same_kernel = device.kind() == fl::DeviceKind::cpu;
+            if (same_kernel) {
+              CHECK(identical(got.to(cpu0), want));
+            } else {
+              test::check_tensor(got.to(cpu0), test::values(want), want.shape(), want.dtype(),
+                                 half ? std::nullopt : row.tolerance);
+            }
+          } catch (const std::exception& e) {
+            FAIL_CHECK("threw " << test::error_kind(e) << ": " << e.what());
+          }
+          ran = true;
+        }
+      }
+    }
+    rows_run += ran ? 1 : 0;
   }
   CHECK(rows_run >= 36);
 }
