@@ -117,6 +117,15 @@ const std::vector<Row>& table() {
     r.push_back(unary_row("sqrt", kFloating, &fl::sqrt, Domain::positive));
     r.push_back(unary_row("tanh", kFloating, &fl::tanh));
     r.push_back(unary_row("sigmoid", kFloating, &fl::sigmoid));
+    r.push_back(unary_row("log1p", kFloating, &fl::log1p, Domain::positive));
+    r.push_back(unary_row("expm1", kFloating, &fl::expm1));
+    r.push_back(unary_row("erf", kFloating, &fl::erf));
+    r.push_back(unary_row("gelu", kFloating, &fl::gelu));
+    r.push_back(unary_row("sign", kArithmetic, &fl::sign));
+    r.push_back(unary_row("floor", kFloating, &fl::floor, Domain::castable));
+    r.push_back(unary_row("round", kFloating, &fl::round, Domain::castable));  // k + 0.5 values: halves to even
+    r.push_back({"clamp", kArithmetic, random_inputs({{3, 4, 5}, {4, 1}, {5}}, {Domain::normal, Domain::normal, Domain::positive}),
+                 [](const Inputs& in, fl::DType, fl::Device) { return fl::clamp(in[0], in[1], in[2]); }});
     r.push_back({"where", test::kAllDTypes,
                  [](fl::DType dt) {
                    return Inputs{test::random_tensor({3, 4, 1}, 5, fl::b8, Domain::small_ints),

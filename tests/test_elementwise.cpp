@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "flowlet/trace.hpp"
 #include "support/reference.hpp"
 
 using test::check_op_throws;
@@ -539,4 +540,159 @@ TEST_CASE("elementwise ops on empty tensors give empty results of the right shap
   check_tensor(e + 1.0f, {}, fl::Shape{3, 0, 2}, fl::f32);
   check_tensor(fl::where(fl::zeros(fl::Shape{0}, fl::b8), fl::ones(fl::Shape{0}), fl::zeros(fl::Shape{1})), {},
                fl::Shape{0}, fl::f32);
+}
+
+// ---------------------------------------------------------------------------------------------
+// NaN through branchy functors, the newer math ops, and scalars no dtype holds
+
+TEST_CASE("NaN propagates through relu, abs, sign, sigmoid, clamp, maximum and minimum, at every position") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (fl::DType dt : kFloatMathDTypes) {
+    CAPTURE(dt);
+    // 70 elements: NaN in the vectorized body and in the scalar tail of the CPU loops.
+    std::vector<double> v(70, -1.5);
+    for (size_t i : {0, 17, 33, 69}) v[i] = nan;
+    const fl::Tensor x = test::make(v, fl::Shape{70}, dt);
+    for (auto [name, fn] : std::vector<std::pair<const char*, UnaryFn>>{
+             {"relu", &fl::relu}, {"abs", &fl::abs}, {"sign", &fl::sign}, {"sigmoid", &fl::sigmoid}, {"gelu", &fl::gelu},
+             {"floor", &fl::floor}, {"round", &fl::round}, {"erf", &fl::erf}, {"expm1", &fl::expm1}}) {
+      CAPTURE(name);
+      const std::vector<double> got = test::values(fn(x));
+      for (size_t i = 0; i < v.size(); ++i) CHECK(std::isnan(got[i]) == std::isnan(v[i]));
+    }
+    const fl::Tensor zero = fl::zeros(fl::Shape{70}, dt);
+    for (const fl::Tensor& got : {fl::maximum(x, zero), fl::maximum(zero, x), fl::minimum(x, zero), fl::minimum(zero, x),
+                                  fl::clamp(x, -1.0, 1.0), fl::relu(x * 2.0)}) {
+      const std::vector<double> values = test::values(got);
+      for (size_t i = 0; i < v.size(); ++i) CHECK(std::isnan(values[i]) == std::isnan(v[i]));
+    }
+  }
+  // relu agrees with maximum(x, 0) on the edges.
+  const fl::Tensor edges = fl::tensor({static_cast<float>(nan), -0.0f, 0.0f, -2.0f, 3.0f});
+  const std::vector<float> relu = fl::relu(edges).to_vector<float>();
+  const std::vector<float> max0 = fl::maximum(edges, fl::zeros_like(edges)).to_vector<float>();
+  CHECK(std::isnan(relu[0]));
+  CHECK(std::isnan(max0[0]));
+  for (size_t i = 1; i < relu.size(); ++i) CHECK(relu[i] == max0[i]);
+}
+
+TEST_CASE("max and argmax keep NaN: max is NaN and argmax is the first NaN's index, at every position") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (fl::DType dt : kFloatMathDTypes) {
+    CAPTURE(dt);
+    for (int64_t n : {1, 7, 16, 70, 1000}) {
+      for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+        CAPTURE(n);
+        CAPTURE(at);
+        std::vector<double> v(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<double>((i * 7) % 11) - 5.0;
+        v[static_cast<size_t>(at)] = nan;
+        if (at + 1 < n) v[static_cast<size_t>(n - 1)] = nan;  // a later NaN does not move argmax
+        const fl::Tensor x = test::make(v, fl::Shape{n}, dt);
+        CHECK(std::isnan(test::values(fl::max(x))[0]));
+        CHECK(fl::argmax(x, 0).item<int64_t>() == at);
+        // Along an axis: only the row holding the NaN becomes NaN.
+        const fl::Tensor rows = fl::concat({fl::reshape(x, {1, n}), fl::zeros(fl::Shape{1, n}, dt)}, 0);
+        const std::vector<double> per_row = test::values(fl::max(rows, {1}, false));
+        CHECK(std::isnan(per_row[0]));
+        CHECK(per_row[1] == 0.0);
+      }
+    }
+  }
+}
+
+TEST_CASE("log1p, expm1, erf and gelu on hand-worked values, accurate where the naive forms are not") {
+  for (fl::DType dt : test::kFloatDTypes) {
+    CAPTURE(dt);
+    // log(1 + 1e-10) rounds 1 + 1e-10 first; log1p keeps the small argument's digits.
+    check_tensor(fl::log1p(test::make({0, 1e-10, 1, -1}, dt)),
+                 {0, 1e-10, std::log(2.0), -std::numeric_limits<double>::infinity()}, fl::Shape{4}, dt);
+    check_tensor(fl::expm1(test::make({0, 1e-10, 1, -1000}, dt)), {0, 1e-10, std::exp(1.0) - 1, -1}, fl::Shape{4}, dt);
+    check_tensor(fl::erf(test::make({0, 1, -1, 10}, dt)), {0, 0.8427007929497149, -0.8427007929497149, 1}, fl::Shape{4}, dt);
+    // GELU(x) = x Phi(x): Phi(1) = 0.8413447460685429; at -10 the result is tiny, not 0.
+    check_tensor(fl::gelu(test::make({0, 1, -1, 10}, dt)), {0, 0.8413447460685429, -0.15865525393145707, 10},
+                 fl::Shape{4}, dt);
+  }
+  const double tiny = fl::gelu(fl::tensor({-10.0})).item<double>();
+  CHECK(tiny == doctest::Approx(-7.619853024160593e-23).epsilon(1e-12));
+}
+
+TEST_CASE("sign, floor and round on hand-worked values; round sends halves to even") {
+  for (fl::DType dt : kFloatMathDTypes) {
+    CAPTURE(dt);
+    check_tensor(fl::sign(test::make({-2.5, -0.0, 0, 3}, dt)), {-1, 0, 0, 1}, fl::Shape{4}, dt);
+    check_tensor(fl::floor(test::make({-1.5, -0.5, 0.5, 2.75, 3}, dt)), {-2, -1, 0, 2, 3}, fl::Shape{5}, dt);
+    check_tensor(fl::round(test::make({0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 2.25, 2.75}, dt)), {0, 2, 2, -0.0, -2, -2, 2, 3},
+                 fl::Shape{8}, dt);
+  }
+  for (fl::DType dt : {fl::i32, fl::i64}) {
+    CAPTURE(dt);
+    check_tensor(fl::sign(test::make({-7, 0, 9}, dt)), {-1, 0, 1}, fl::Shape{3}, dt);
+  }
+  check_tensor(fl::sign(test::make({0, 200}, fl::u8)), {0, 1}, fl::Shape{2}, fl::u8);
+  check_op_throws<fl::DTypeError>("floor", [] { (void)fl::floor(fl::tensor({1, 2})); }, {"i32"});
+  check_op_throws<fl::DTypeError>("round", [] { (void)fl::round(fl::tensor({1, 2})); }, {"i32"});
+}
+
+TEST_CASE("clamp bounds x by scalars or broadcast tensors; lo above hi gives hi") {
+  check_tensor(fl::clamp(fl::tensor({-3.0f, -1.0f, 0.5f, 1.0f, 4.0f}), -1.0, 1.0), {-1, -1, 0.5, 1, 1}, fl::Shape{5}, fl::f32);
+  check_tensor(fl::clamp(fl::tensor({-3, 0, 9}), 0.0, 6.0), {0, 0, 6}, fl::Shape{3}, fl::i32);
+  check_tensor(fl::clamp(fl::tensor({1.0, 5.0}), 3.0, 2.0), {2, 2}, fl::Shape{2}, fl::f64);
+  // Per-column bounds broadcast against a [2, 3] x.
+  const fl::Tensor x = fl::reshape(fl::tensor({0.0f, 5.0f, -5.0f, 2.0f, 2.0f, 2.0f}), {2, 3});
+  check_tensor(fl::clamp(x, fl::tensor({-1.0f, 1.0f, 3.0f}), fl::tensor({1.0f, 4.0f, 4.0f})), {0, 4, 3, 1, 2, 3},
+               fl::Shape{2, 3}, fl::f32);
+  check_op_throws<fl::InvalidArgument>("clamp", [] { (void)fl::clamp(fl::tensor({1, 2}), 0.5, 1.0); }, {"0.5", "i32"});
+  check_op_throws<fl::InvalidArgument>("clamp", [] { (void)fl::clamp(fl::tensor({uint8_t{1}}), -1.0, 1.0); }, {"-1", "u8"});
+}
+
+TEST_CASE("an unsigned 64-bit scalar above INT64_MAX throws InvalidArgument instead of wrapping") {
+  const uint64_t huge = std::numeric_limits<uint64_t>::max();
+  for (fl::DType dt : {fl::i64, fl::i32, fl::u8, fl::f32, fl::f64}) {
+    CAPTURE(dt);
+    const fl::Tensor t = fl::ones(fl::Shape{2}, dt);
+    check_throws<fl::InvalidArgument>([&] { (void)(t + huge); }, {"add", "18446744073709551615", std::string(fl::dtype_name(dt))});
+    check_throws<fl::InvalidArgument>([&] { (void)(huge * t); }, {"mul", "18446744073709551615"});
+    check_throws<fl::InvalidArgument>([&] { (void)(t < (uint64_t{1} << 63)); }, {"less", "9223372036854775808"});
+  }
+  // Unsigned values that fit are exact.
+  check_tensor(fl::ones(fl::Shape{2}, fl::i64) + uint64_t{5}, {6, 6}, fl::Shape{2}, fl::i64);
+  CHECK((fl::zeros(fl::Shape{1}, fl::i64) + uint64_t{INT64_MAX}).to_vector<int64_t>()[0] == INT64_MAX);
+}
+
+TEST_CASE("an integer scalar a floating dtype cannot hold exactly, or a float beyond its range, throws InvalidArgument") {
+  const int64_t f32_gap = (int64_t{1} << 24) + 1;  // the first integer f32 rounds
+  check_throws<fl::InvalidArgument>([&] { (void)(fl::ones(fl::Shape{2}) + f32_gap); }, {"add", "16777217", "f32"});
+  check_tensor(fl::zeros(fl::Shape{1}) + (int64_t{1} << 24), {16777216}, fl::Shape{1}, fl::f32);
+  check_throws<fl::InvalidArgument>([&] { (void)(fl::ones(fl::Shape{2}, fl::f64) + ((int64_t{1} << 53) + 1)); },
+                                    {"add", "9007199254740993", "f64"});
+  check_throws<fl::InvalidArgument>([&] { (void)(fl::ones(fl::Shape{2}, fl::f64) * INT64_MAX); }, {"mul", "f64"});
+  check_throws<fl::InvalidArgument>([&] { (void)(fl::ones(fl::Shape{2}, fl::f16) + 2049); }, {"add", "2049", "f16"});
+  check_throws<fl::InvalidArgument>([&] { (void)(fl::ones(fl::Shape{2}, fl::f16) + 65536); }, {"add", "65536", "f16"});
+  check_tensor(fl::zeros(fl::Shape{1}, fl::f16) + 2048, {2048}, fl::Shape{1}, fl::f16);
+  check_throws<fl::InvalidArgument>([&] { (void)(fl::ones(fl::Shape{2}, fl::bf16) - 257); }, {"sub", "257", "bf16"});
+  check_tensor(fl::zeros(fl::Shape{1}, fl::bf16) + 256, {256}, fl::Shape{1}, fl::bf16);
+  // Floating scalars round to the dtype, but one beyond its largest finite value is refused.
+  check_throws<fl::InvalidArgument>([&] { (void)(fl::ones(fl::Shape{2}, fl::f16) * 70000.0); }, {"mul", "overflows", "f16"});
+  check_throws<fl::InvalidArgument>([&] { (void)(fl::ones(fl::Shape{2}) + 1e39); }, {"add", "overflows", "f32"});
+  check_tensor(fl::zeros(fl::Shape{1}, fl::f16) + 65504.0, {65504}, fl::Shape{1}, fl::f16);
+  check_tensor(fl::zeros(fl::Shape{1}) + 0.1, {static_cast<double>(0.1f)}, fl::Shape{1}, fl::f32);
+  const double inf = std::numeric_limits<double>::infinity();
+  check_tensor(fl::zeros(fl::Shape{1}, fl::f16) - inf, {-inf}, fl::Shape{1}, fl::f16);
+}
+
+TEST_CASE("NaN propagates through relu and clamp inside a traced (fused) elementwise chain as eagerly") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v(40000, -1.0f);  // several fused tiles
+  for (size_t i : {0, 16383, 16384, 39999}) v[i] = nan;
+  const fl::Tensor x = fl::tensor(v, fl::Shape{static_cast<int64_t>(v.size())});
+  auto chain = [](fl::Tensor t) { return fl::clamp(fl::relu(t * 2.0f) + 1.0f, 0.0, 5.0) * 3.0f; };
+  auto traced = fl::trace(chain);
+  const std::vector<float> got = traced(x).to_vector<float>();
+  const std::vector<float> eager = chain(x).to_vector<float>();
+  REQUIRE(got.size() == v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    CHECK(std::isnan(got[i]) == std::isnan(v[i]));
+    if (!std::isnan(v[i])) CHECK(got[i] == eager[i]);
+  }
 }

@@ -8,7 +8,10 @@
 //   2. the result matches the reference for contiguous inputs;
 //   3. the same for non-contiguous inputs (permuted and strided views) where the op takes tensors;
 //   4. each declared error throws its type with a message that starts with "<op>:", and an empty
-//      Tensor handle in any input position throws InvalidArgument.
+//      Tensor handle in any input position throws InvalidArgument;
+//   5. traced (fl::trace) and eager calls give identical results, for every row that takes tensors;
+//   6. every other device with a kernel for the op gives cpu:0's results: cpu:1 (a logical CPU
+//      device, so the device plumbing is checked on every machine) and cuda:0 where a GPU is visible.
 // Along the way every op is checked to leave its inputs unchanged.
 // Adding an op means adding its row here; the first check fails until then.
 #include <algorithm>
@@ -22,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "flowlet/trace.hpp"
+#include "support/gpu.hpp"
 #include "support/reference.hpp"
 
 using test::Domain;
@@ -347,6 +352,39 @@ std::vector<Row> build_table() {
   rows.push_back(unary_row("relu", &fl::relu, [](double x) { return x > 0 ? x : 0.0; }, kArith, N));
   rows.push_back(unary_row("abs", &fl::abs, [](double x) { return std::abs(x); }, kArith, N));
   rows.push_back(unary_row("square", &fl::square, [](double x) { return x * x; }, kArith, N));
+  rows.push_back(unary_row("log1p", &fl::log1p, [](double x) { return std::log1p(x); }, kFloatMath, Domain::positive));
+  rows.push_back(unary_row("expm1", &fl::expm1, [](double x) { return std::expm1(x); }, kFloatMath, N));
+  rows.push_back(unary_row("erf", &fl::erf, [](double x) { return std::erf(x); }, kFloatMath, N));
+  rows.push_back(unary_row("gelu", &fl::gelu, [](double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); },
+                           kFloatMath, N));
+  rows.push_back(unary_row("sign", &fl::sign, [](double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x; }, kArith, N));
+  // Castable values include k + 0.5, where round's halves-to-even rule shows.
+  rows.push_back(unary_row("floor", &fl::floor, [](double x) { return std::floor(x); }, kFloatMath, Domain::castable));
+  rows.push_back(unary_row("round", &fl::round, [](double x) { return std::nearbyint(x); }, kFloatMath, Domain::castable));
+  {
+    Row row;
+    row.name = "clamp";
+    row.dtypes = kArith;
+    row.cases = {{{{2, 3}, {2, 3}, {2, 3}}}, {{{2, 3}, {}, {}}}, {{{4, 1}, {1, 5}, {5}}}, {{{0, 3}, {3}, {1}}}, {{{}, {}, {}}}};
+    row.make = random_inputs({N, N, Domain::positive});
+    row.run = [](const Inputs& in, const Case&, fl::DType) { return fl::clamp(in[0], in[1], in[2]); };
+    row.reference = [](const std::vector<Host>& h, const Case&, fl::DType dt) -> std::optional<Expected> {
+      const Host low = test::binary_ref(h[0], h[1], [](double x, double lo) { return x < lo ? lo : x; });
+      return Expected{test::binary_ref(low, h[2], [](double x, double hi) { return x > hi ? hi : x; }), dt};
+    };
+    row.errors = {
+        error<fl::ShapeError>("shapes that do not broadcast",
+                              [] { (void)fl::clamp(fl::zeros(fl::Shape{2, 3}), fl::zeros(fl::Shape{4}), fl::zeros(fl::Shape{})); },
+                              {"cannot broadcast", "[2, 3]", "[4]"}),
+        error<fl::DTypeError>("mixed dtypes",
+                              [] { (void)fl::clamp(fl::zeros(fl::Shape{2}), fl::zeros(fl::Shape{2}), fl::zeros(fl::Shape{2}, fl::f64)); },
+                              {"f32", "f64"}),
+        error<fl::DTypeError>("b8 input", [] { (void)fl::clamp(fl::zeros(fl::Shape{2}, fl::b8), 0.0, 1.0); }, {"b8"}),
+        error<fl::InvalidArgument>("a bound the dtype cannot hold",
+                                   [] { (void)fl::clamp(fl::tensor({1, 2}), 0.5, 2.0); }, {"0.5", "i32"}),
+    };
+    rows.push_back(std::move(row));
+  }
 
   // where
   {
@@ -694,7 +732,8 @@ std::vector<Row> build_table() {
       return Expected{h[0], dt};
     };
     row.errors = {
-        error<fl::DeviceError>("missing cpu device", [] { (void)fl::zeros(fl::Shape{2}).to(fl::Device("cpu:1")); }, {"cpu:1"}),
+        // cpu:5: this file configures cpu:0 and cpu:1 (the other-devices check).
+        error<fl::DeviceError>("missing cpu device", [] { (void)fl::zeros(fl::Shape{2}).to(fl::Device("cpu:5")); }, {"cpu:5"}),
         error<fl::DeviceError>("missing cuda device", [] { (void)fl::zeros(fl::Shape{2}).to(fl::Device("cuda:0")); },
                                {"cuda:0"}),
     };
@@ -823,7 +862,7 @@ std::vector<Row> build_table() {
       return Expected{out, dt};
     };
     row.errors = {
-        error<fl::DeviceError>("missing device", [] { (void)fl::arange(3, fl::i64, fl::Device("cpu:1")); }, {"cpu:1"}),
+        error<fl::DeviceError>("missing device", [] { (void)fl::arange(3, fl::i64, fl::Device("cpu:5")); }, {"cpu:5"}),
     };
     rows.push_back(std::move(row));
   }
@@ -878,7 +917,8 @@ const std::vector<std::string> kDocumentedOps = {
     "sqrt", "tanh",   "sigmoid", "relu",      "abs",        "square",  "equal",       "not_equal", "less", "less_equal",
     "greater", "greater_equal", "where", "cast", "sum",     "max",     "argmax",      "matmul",  "reshape", "permute",
     "concat", "gather", "copy",  "to_device", "one_hot",    "softmax", "log_softmax", "softmax_cross_entropy",
-    "full", "arange", "randn",   "uniform",
+    "full", "arange", "randn",   "uniform",   "log1p",      "expm1",   "erf",         "gelu",    "sign",   "floor",
+    "round", "clamp",
 };
 
 // Registered ops without a row, each with the reason and the tests that check it instead. The
@@ -1079,6 +1119,103 @@ TEST_CASE("every op rejects an empty Tensor handle in any input position with In
     }
   }
   CHECK(checked >= 36);
+}
+
+// Same values (NaN where NaN), shape and dtype.
+bool identical(const fl::Tensor& a, const fl::Tensor& b) {
+  if (!(a.shape() == b.shape()) || a.dtype() != b.dtype()) return false;
+  const std::vector<double> x = test::values(a), y = test::values(b);
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i])))) return false;
+  return true;
+}
+
+TEST_CASE("every op that takes tensors gives the same results traced as eagerly") {
+  int rows_run = 0;
+  for (const Row& row : table()) {
+    if (!takes_tensors(row)) continue;
+    CAPTURE(row.name);
+    int compared = 0;
+    uint64_t seed = std::hash<std::string>{}(row.name) % 100000;
+    for (fl::DType dt : row.dtypes) {
+      for (const Case& c : row.cases) {
+        ++seed;
+        INFO("dtype ", fl::dtype_name(dt), ", case ", test::shape_text(c.shapes.at(0)), ", arg ", c.arg);
+        const Inputs inputs = row.make(c, dt, seed * 1000);
+        if (row.reference) {
+          std::vector<Host> hosts;
+          for (const fl::Tensor& t : inputs) hosts.push_back(test::host(t));
+          if (!row.reference(hosts, c, dt)) continue;  // the case does not apply
+        }
+        try {
+          const fl::Tensor eager = row.run(inputs, c, dt);
+          auto traced = fl::trace([&](std::vector<fl::Tensor> in) { return row.run(in, c, dt); });
+          const fl::Tensor got = traced(inputs);
+          CHECK_MESSAGE(identical(got, eager), "traced " << test::shape_text(got.shape()) << " "
+                                                         << fl::dtype_name(got.dtype()) << " differs from eager "
+                                                         << test::shape_text(eager.shape()));
+        } catch (const std::exception& e) {
+          FAIL_CHECK("threw " << test::error_kind(e) << ": " << e.what());
+        }
+        ++compared;
+      }
+    }
+    CHECK(compared > 0);
+    ++rows_run;
+  }
+  CHECK(rows_run >= 36);
+}
+
+TEST_CASE("every op that takes tensors gives cpu:0's results on every other device that has its kernel") {
+  fl::set_logical_cpu_devices(2);
+  std::vector<fl::Device> devices{fl::Device("cpu:1")};
+  if (test::have_gpu()) devices.push_back(fl::Device("cuda:0"));
+  const fl::Device cpu0("cpu:0");
+  int rows_run = 0;
+  for (const Row& row : table()) {
+    const fl::Op* op = fl::find_op(row.name);
+    if (op == nullptr || !takes_tensors(row)) continue;
+    CAPTURE(row.name);
+    bool ran = false;
+    for (const fl::Device& device : devices) {
+      if (!op->runs_on(device.kind())) continue;
+      uint64_t seed = std::hash<std::string>{}(row.name) % 100000;
+      for (fl::DType dt : row.dtypes) {
+        for (const Case& c : row.cases) {
+          ++seed;
+          INFO("device ", device.str(), ", dtype ", fl::dtype_name(dt), ", case ", test::shape_text(c.shapes.at(0)),
+               ", arg ", c.arg);
+          const Inputs inputs = row.make(c, dt, seed * 1000);
+          std::vector<Host> hosts;
+          for (const fl::Tensor& t : inputs) hosts.push_back(test::host(t));
+          const std::optional<Expected> applies = row.reference ? row.reference(hosts, c, dt) : std::nullopt;
+          if (row.reference && !applies) continue;
+          try {
+            const fl::Tensor want = row.run(inputs, c, dt);
+            Inputs moved;
+            for (const fl::Tensor& t : inputs) moved.push_back(t.to(device));
+            const fl::Tensor got = row.run(moved, c, dt);
+            // to_device's row sends its result to cpu:0 whatever its input's device; the rest run where
+            // their inputs are.
+            CHECK(got.device() == (row.name == "to_device" ? cpu0 : device));
+            const bool half = want.dtype() == fl::f16 || want.dtype() == fl::bf16;
+            const bool same_kernel = device.kind() == fl::DeviceKind::cpu;
+            if (same_kernel) {
+              CHECK(identical(got.to(cpu0), want));
+            } else {
+              test::check_tensor(got.to(cpu0), test::values(want), want.shape(), want.dtype(),
+                                 half ? std::nullopt : row.tolerance);
+            }
+          } catch (const std::exception& e) {
+            FAIL_CHECK("threw " << test::error_kind(e) << ": " << e.what());
+          }
+          ran = true;
+        }
+      }
+    }
+    rows_run += ran ? 1 : 0;
+  }
+  CHECK(rows_run >= 36);
 }
 
 // Regression: scatter_add's output shape [rows, updates.shape[indices.rank():]...] is checked for

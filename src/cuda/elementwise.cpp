@@ -1,54 +1,44 @@
 // Host side of the elementwise ops on CUDA: operands described with merged dimensions, then the
-// launcher that kernels/binary.cu or kernels/unary.cu exports under the op's name.
+// launcher that kernels/binary.cu or kernels/unary.cu built for the op's row of
+// kernels/elementwise_functors.hpp, found from the Op itself.
 #include <optional>
-#include <vector>
 
 #include "core/check.hpp"
 #include "cuda/elementwise_args.hpp"
 #include "cuda/register.hpp"
 #include "cuda/runtime.hpp"
 #include "ops/attributes.hpp"
+#include "ops/elementwise_ops.hpp"
 
 namespace flowlet::detail::cuda {
 namespace {
 
-using LaunchFn = decltype(NamedLauncher::launch);
-
-// Op -> launcher, filled once while the op table is built (before any kernel can run).
-struct Entry {
-  const Op* op;
-  LaunchFn launch;
-};
-std::vector<Entry>& launchers() {
-  static std::vector<Entry> entries;
-  return entries;
-}
-LaunchFn launcher(const Op& op) {
-  for (const Entry& e : launchers()) {
-    if (e.op == &op) return e.launch;
-  }
-  fail<InvalidArgument>("{}: internal: no CUDA launcher registered", op.name);
+ElementwiseLauncher launcher(ElementwiseOp id) {
+  const ElementwiseLauncher binary = binary_launcher(id);
+  return binary.launch != nullptr ? binary : unary_launcher(id);
 }
 
-void binary_kernel(const OpCall& call, std::span<Tensor> out) {
-  const Tensor& a = call.inputs[0];
-  const Tensor& b = call.inputs[1];
+void elementwise_kernel(const OpCall& call, std::span<Tensor> out) {
   if (out[0].numel() == 0) return;
+  const std::optional<ElementwiseOp> id = elementwise_op_id(call.op);
+  if (!id) fail<InvalidArgument>("{}: internal: not an elementwise op, so it has no CUDA launcher", call.op.name);
+  const ElementwiseLauncher launch = launcher(*id);
+  const std::span<const Tensor> in = call.inputs;
+  const DType type = in[0].dtype();
+  // The CPU kernel throws on an integer error (division by zero); here the kernel marks it and the
+  // host throws after waiting for it (so integer div waits for the device, float div does not).
+  std::optional<ErrorFlag> error;
+  if (launch.error_message != nullptr && is_integral(type)) error.emplace(call, out[0].device());
+  uint64_t* const error_slot = error ? error->data() : nullptr;
   const Launch on = launch_on(out[0].device());
-  // The CPU kernel throws on an integer division by zero; here the kernel marks it and the host
-  // throws after waiting for it (so integer div waits for the device, float div does not).
-  std::optional<ErrorFlag> zero_divisor;
-  if (call.op.name == "div" && is_integral(a.dtype())) zero_divisor.emplace(call, out[0].device());
-  launcher(call.op)(elementwise_args<3>(call.op.name, out[0], {&a, &b}), element_type(a.dtype()), on,
-                    zero_divisor ? zero_divisor->data() : nullptr);
-  if (zero_divisor) zero_divisor->throw_if_marked("div: integer division by zero; got a zero divisor");
-}
-
-void unary_kernel(const OpCall& call, std::span<Tensor> out) {
-  const Tensor& t = call.inputs[0];
-  if (out[0].numel() == 0) return;
-  launcher(call.op)(elementwise_args<2>(call.op.name, out[0], {&t}), element_type(t.dtype()),
-                    launch_on(out[0].device()), nullptr);
+  const char* name = call.op.name.data();  // Op names are string literals, so NUL-terminated
+  switch (in.size()) {
+    case 1: launch.launch(name, elementwise_args<2>(call.op.name, out[0], {&in[0]}), type, on, error_slot); break;
+    case 2: launch.launch(name, elementwise_args<3>(call.op.name, out[0], {&in[0], &in[1]}), type, on, error_slot); break;
+    default:
+      launch.launch(name, elementwise_args<4>(call.op.name, out[0], {&in[0], &in[1], &in[2]}), type, on, error_slot);
+  }
+  if (error) error->throw_if_marked(fmt::format("{}: {}", call.op.name, launch.error_message));
 }
 
 void where_kernel(const OpCall& call, std::span<Tensor> out) {
@@ -65,20 +55,14 @@ void cast_kernel(const OpCall& call, std::span<Tensor> out) {
               launch_on(out[0].device()));
 }
 
-void add_launchers(const OpList& ops, const NamedLauncher* list, KernelFn kernel) {
-  for (const NamedLauncher* l = list; l->name != nullptr; ++l) {
-    set_kernel(ops, l->name, kernel);
-    for (const Op* op : ops) {
-      if (op->name == l->name) launchers().push_back({op, l->launch});
-    }
-  }
-}
-
 }  // namespace
 
 void add_elementwise_kernels(const OpList& ops) {
-  add_launchers(ops, binary_launchers(), &binary_kernel);
-  add_launchers(ops, unary_launchers(), &unary_kernel);
+  constexpr auto cuda = static_cast<size_t>(DeviceKind::cuda);
+  for (size_t row = 0; row < kElementwiseOpCount; ++row) {
+    const auto id = static_cast<ElementwiseOp>(row);
+    if (launcher(id).launch != nullptr) elementwise_op(id).kernels[cuda] = &elementwise_kernel;
+  }
   set_kernel(ops, "where", &where_kernel);
   set_kernel(ops, "cast", &cast_kernel);
 }

@@ -1,24 +1,15 @@
-// Compile-time dtype sets, dispatch from a runtime DType to a C++ element type, and conversions.
+// Dtype checks for op rules on the host: DTypeError naming the op and the dtypes it supports. The
+// dtype sets, the visitor and the conversions themselves are in kernels/dtype_visit.hpp.
 #pragma once
 
 #include <cmath>
-#include <cstdint>
-#include <limits>
-#include <type_traits>
+#include <string>
+#include <string_view>
 
 #include "core/check.hpp"
-#include "flowlet/core/dtype.hpp"
+#include "kernels/dtype_visit.hpp"
 
 namespace flowlet::detail {
-
-using DTypeSet = uint32_t;
-constexpr DTypeSet bit(DType dt) { return DTypeSet{1} << static_cast<int>(dt); }
-inline constexpr DTypeSet kFloatCompute = bit(f32) | bit(f64);
-inline constexpr DTypeSet kHalves = bit(f16) | bit(bf16);
-inline constexpr DTypeSet kFloating = kFloatCompute | kHalves;
-inline constexpr DTypeSet kIntegers = bit(i32) | bit(i64) | bit(u8);
-inline constexpr DTypeSet kNumbers = kFloating | kIntegers;
-inline constexpr DTypeSet kAll = kNumbers | bit(b8);
 
 std::string dtype_set_text(DTypeSet set);  // "f32, f64"
 
@@ -26,72 +17,6 @@ std::string dtype_set_text(DTypeSet set);  // "f32, f64"
 inline void check_dtype(std::string_view op, DType dt, DTypeSet allowed) {
   if (!(allowed & bit(dt))) {
     fail<DTypeError>("{}: unsupported dtype; got {}, supported: {}", op, dt, dtype_set_text(allowed));
-  }
-}
-
-template <class T>
-struct TypeTag {
-  using type = T;
-};
-
-// Calls f(TypeTag<T>{}) for the C++ type of `dt`. Only the types in `Allowed` are instantiated.
-template <DTypeSet Allowed, class F>
-decltype(auto) visit_dtype(DType dt, F&& f) {
-  switch (dt) {
-#define FLOWLET_VISIT_CASE(name, type)                   \
-  case DType::name:                                     \
-    if constexpr (Allowed & bit(DType::name)) return f(TypeTag<type>{}); \
-    break;
-    FLOWLET_VISIT_CASE(f32, float)
-    FLOWLET_VISIT_CASE(f64, double)
-    FLOWLET_VISIT_CASE(i32, int32_t)
-    FLOWLET_VISIT_CASE(i64, int64_t)
-    FLOWLET_VISIT_CASE(u8, uint8_t)
-    FLOWLET_VISIT_CASE(b8, bool)
-    FLOWLET_VISIT_CASE(f16, f16_t)
-    FLOWLET_VISIT_CASE(bf16, bf16_t)
-#undef FLOWLET_VISIT_CASE
-  }
-  fail<DTypeError>("internal: kernel reached with unsupported dtype {}", dt);
-}
-
-// Calls f(TypeTag<U>{}) with U the unsigned integer of dt's size: for kernels that move bits
-// without arithmetic (copies, selection), one instantiation per size serves every dtype.
-template <class F>
-decltype(auto) visit_bits(DType dt, F&& f) {
-  switch (dtype_size(dt)) {
-    case 1: return f(TypeTag<uint8_t>{});
-    case 2: return f(TypeTag<uint16_t>{});
-    case 4: return f(TypeTag<uint32_t>{});
-    default: return f(TypeTag<uint64_t>{});
-  }
-}
-
-// The type arithmetic on T runs in: float for the 16-bit storage types, T otherwise.
-template <class T>
-using compute_t = std::conditional_t<std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>, float, T>;
-
-// Value conversion with defined results everywhere: float to integer truncates toward zero,
-// saturates at the integer's range, and maps NaN to 0 (a plain static_cast would be UB there).
-template <class To, class From>
-To convert(From value) {
-  if constexpr (std::is_same_v<To, From>) {
-    return value;
-  } else if constexpr (std::is_same_v<From, f16_t> || std::is_same_v<From, bf16_t>) {
-    return convert<To>(static_cast<float>(value));
-  } else if constexpr (std::is_same_v<To, f16_t> || std::is_same_v<To, bf16_t>) {
-    return To(convert<float>(value));
-  } else if constexpr (std::is_same_v<To, bool>) {
-    return value != From{};
-  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
-    if (std::isnan(value)) return To{0};
-    constexpr auto lo = static_cast<From>(std::numeric_limits<To>::lowest());
-    constexpr auto hi = static_cast<From>(std::numeric_limits<To>::max());
-    if (value <= lo) return std::numeric_limits<To>::lowest();
-    if (value >= hi) return std::numeric_limits<To>::max();
-    return static_cast<To>(value);
-  } else {
-    return static_cast<To>(value);  // integer narrowing wraps (defined since C++20)
   }
 }
 

@@ -13,6 +13,10 @@ std::string dtype_set_text(DTypeSet set) {
   return text;
 }
 
+void fail_unsupported_dtype(const char* kernel, DType dt) {
+  fail<DTypeError>("{}: internal: no kernel was built for dtype {}", kernel, dt);
+}
+
 Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b) {
   if (a == b) return a;
   const size_t rank = std::max(a.size(), b.size());

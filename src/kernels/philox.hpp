@@ -8,11 +8,7 @@
 
 // The same functions run in CUDA kernels (src/cuda/kernels/creation.cu), so that a seed gives the
 // same stream on every device.
-#if defined(__CUDACC__)
-#define FLOWLET_HOST_DEVICE __host__ __device__
-#else
-#define FLOWLET_HOST_DEVICE
-#endif
+#include "kernels/host_device.hpp"
 
 namespace flowlet::detail {
 

@@ -1,94 +1,26 @@
-// Elementwise ops: binary arithmetic, unary math, comparisons, where and cast. Each op is one
-// Op value: its dtype set and shape rule (broadcasting) and its CPU kernel (a functor run by the
-// elementwise engine). Integer arithmetic wraps (two's complement) instead of overflowing.
+// Elementwise ops: arithmetic, math, comparisons and clamp (one Op value per row of
+// kernels/elementwise_functors.hpp, its CPU kernel running the row's functor in the elementwise
+// engine), their gradients, where and cast, and scalar operands.
 #include "flowlet/ops/elementwise.hpp"
 
 #include <cmath>
+#include <iterator>
 #include <type_traits>
 
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "ops/grad_helpers.hpp"
 #include "runtime/thread_pool.hpp"
+#include "kernels/elementwise_functors.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "kernels/vector_math.hpp"
 #include "ops/attributes.hpp"
+#include "ops/elementwise_ops.hpp"
 #include "ops/registry.hpp"
 
 namespace flowlet {
 namespace detail {
 namespace {
-
-// Two's-complement wrap for integer types; plain arithmetic for floating types.
-template <class T, class F>
-T wrapping(T a, T b, F f) {
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(f(static_cast<U>(a), static_cast<U>(b)));
-  } else {
-    return f(a, b);
-  }
-}
-
-struct Add { template <class T> T operator()(T a, T b) const { return wrapping(a, b, [](auto x, auto y) { return static_cast<decltype(x)>(x + y); }); } };
-struct Sub { template <class T> T operator()(T a, T b) const { return wrapping(a, b, [](auto x, auto y) { return static_cast<decltype(x)>(x - y); }); } };
-struct Mul { template <class T> T operator()(T a, T b) const { return wrapping(a, b, [](auto x, auto y) { return static_cast<decltype(x)>(x * y); }); } };
-struct Div {
-  template <class T>
-  T operator()(T a, T b) const {
-    if constexpr (std::is_integral_v<T>) {
-      if (b == 0) fail<InvalidArgument>("div: integer division by zero; got a zero divisor");
-      if constexpr (std::is_signed_v<T>) {
-        if (b == -1) return wrapping(T{0}, a, [](auto x, auto y) { return static_cast<decltype(x)>(x - y); });
-      }
-    }
-    return a / b;
-  }
-};
-struct Pow { template <class T> T operator()(T a, T b) const { return std::pow(a, b); } };
-// NaN wins, as in NumPy's maximum/minimum.
-// NaN in a propagates (a != a). `|` rather than `||`: without a branch the loop vectorizes.
-struct Maximum { template <class T> T operator()(T a, T b) const { return ((a > b) | (a != a)) ? a : b; } };
-struct Minimum { template <class T> T operator()(T a, T b) const { return ((a < b) | (a != a)) ? a : b; } };
-
-struct Neg { template <class T> T operator()(T a) const { return wrapping(T{0}, a, [](auto x, auto y) { return static_cast<decltype(x)>(x - y); }); } };
-struct Abs {
-  template <class T>
-  T operator()(T a) const {
-    if constexpr (std::is_unsigned_v<T>) return a;
-    else return a < T{0} ? Neg{}(a) : a;
-  }
-};
-struct Square { template <class T> T operator()(T a) const { return Mul{}(a, a); } };
-struct Relu { template <class T> T operator()(T a) const { return a > T{0} ? a : T{0}; } };
-struct Exp {
-  template <class T> T operator()(T a) const { return std::exp(a); }
-  static VectorMathF32 vector_f32() { return vector_exp_f32(); }
-};
-struct Log {
-  template <class T> T operator()(T a) const { return std::log(a); }
-  static VectorMathF32 vector_f32() { return vector_log_f32(); }
-};
-struct Sqrt { template <class T> T operator()(T a) const { return std::sqrt(a); } };
-struct Tanh {
-  template <class T> T operator()(T a) const { return std::tanh(a); }
-  static VectorMathF32 vector_f32() { return vector_tanh_f32(); }
-};
-struct Sigmoid {  // never exponentiates a large positive number
-  template <class T>
-  T operator()(T a) const {
-    if (a >= T{0}) return T{1} / (T{1} + std::exp(-a));
-    const T e = std::exp(a);
-    return e / (T{1} + e);
-  }
-};
-
-struct Equal { template <class T> bool operator()(T a, T b) const { return a == b; } };
-struct NotEqual { template <class T> bool operator()(T a, T b) const { return a != b; } };
-struct Less { template <class T> bool operator()(T a, T b) const { return a < b; } };
-struct LessEqual { template <class T> bool operator()(T a, T b) const { return a <= b; } };
-struct Greater { template <class T> bool operator()(T a, T b) const { return a > b; } };
-struct GreaterEqual { template <class T> bool operator()(T a, T b) const { return a >= b; } };
 
 void check_same_dtype(std::string_view op, const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype()) {
@@ -123,47 +55,33 @@ void run_upcast(const OpCall& call, std::span<Tensor> out, KernelFn kernel) {
   if (store_back) cast_contiguous(result, out[0]);
 }
 
-// Binary ops: same dtype (from `Allowed`), broadcast shapes; comparisons give b8.
-template <DTypeSet Allowed, bool Comparison>
-void binary_infer(const OpCall& call, OutputSpec& spec) {
-  const Tensor& a = call.inputs[0];
-  const Tensor& b = call.inputs[1];
-  check_same_dtype(call.op.name, a, b);
-  check_dtype(call.op.name, a.dtype(), Allowed);
-  spec.outputs[0] = {broadcast_shapes(call.op.name, a.shape(), b.shape()), Comparison ? b8 : a.dtype()};
+// The operands of every kind: one dtype (from `Allowed`) broadcast together; comparisons give b8.
+template <ElementwiseKind Kind, DTypeSet Allowed>
+void elementwise_infer(const OpCall& call, OutputSpec& spec) {
+  const std::span<const Tensor> in = call.inputs;
+  for (size_t k = 1; k < in.size(); ++k) check_same_dtype(call.op.name, in[0], in[k]);
+  check_dtype(call.op.name, in[0].dtype(), Allowed);
+  // Built in place (no copy for the unary and binary kinds): this rule runs on every eager call.
+  Shape shape = in.size() == 1 ? in[0].shape() : broadcast_shapes(call.op.name, in[0].shape(), in[1].shape());
+  for (size_t k = 2; k < in.size(); ++k) shape = broadcast_shapes(call.op.name, shape, in[k].shape());
+  spec.outputs[0] = {std::move(shape), Kind == ElementwiseKind::compare ? b8 : in[0].dtype()};
 }
 
-template <class F, DTypeSet Allowed, bool Comparison>
-void binary_kernel(const OpCall& call, std::span<Tensor> out) {
-  const Tensor& a = call.inputs[0];
-  const Tensor& b = call.inputs[1];
-  if (is_half(a.dtype())) return run_upcast(call, out, &binary_kernel<F, Allowed, Comparison>);
-  visit_dtype<Allowed & ~kHalves>(a.dtype(), [&]<class T>(TypeTag<T>) {
-    using Out = std::conditional_t<Comparison, bool, T>;
-    map_elements<Out, T, T>(out[0], {&a, &b}, F{});
-  });
+// The f32 SIMD versions of the transcendentals (libmvec, kernels/vector_math.hpp), or null.
+template <class F>
+VectorMathF32 vector_f32() {
+  if constexpr (std::is_same_v<F, Exp>) return vector_exp_f32();
+  else if constexpr (std::is_same_v<F, Log>) return vector_log_f32();
+  else if constexpr (std::is_same_v<F, Tanh>) return vector_tanh_f32();
+  else return nullptr;
 }
 
-template <class F, DTypeSet Allowed, bool Comparison = false>
-Op binary_op(std::string_view name, GradFn grad = nullptr) {
-  return Op{name, 2, 2, kElementwise, &binary_infer<Allowed, Comparison>,
-            {&binary_kernel<F, Allowed, Comparison>, nullptr}, grad};
-}
-
-template <DTypeSet Allowed>
-void unary_infer(const OpCall& call, OutputSpec& spec) {
+template <ElementwiseKind Kind, class F, DTypeSet Allowed>
+void elementwise_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor& t = call.inputs[0];
-  check_dtype(call.op.name, t.dtype(), Allowed);
-  spec.outputs[0] = {t.shape(), t.dtype()};
-}
-
-template <class F, DTypeSet Allowed>
-void unary_kernel(const OpCall& call, std::span<Tensor> out) {
-  const Tensor& t = call.inputs[0];
-  if (is_half(t.dtype())) return run_upcast(call, out, &unary_kernel<F, Allowed>);
-  if constexpr (requires { F::vector_f32(); }) {
-    // Transcendentals on contiguous f32: libmvec's SIMD versions (kernels/vector_math.hpp).
-    const VectorMathF32 vector = F::vector_f32();
+  if (is_half(t.dtype())) return run_upcast(call, out, &elementwise_kernel<Kind, F, Allowed>);
+  if constexpr (Kind == ElementwiseKind::unary) {
+    const VectorMathF32 vector = vector_f32<F>();
     if (vector && t.dtype() == f32 && t.is_contiguous() && out[0].is_contiguous()) {
       const float* in = static_cast<const float*>(t.raw_data());
       float* result = static_cast<float*>(out[0].raw_data());
@@ -171,12 +89,28 @@ void unary_kernel(const OpCall& call, std::span<Tensor> out) {
       return;
     }
   }
-  visit_dtype<Allowed & ~kHalves>(t.dtype(), [&]<class T>(TypeTag<T>) { map_elements<T, T>(out[0], {&t}, F{}); });
+  uint64_t error = kNoElementError;
+  visit_dtype<Allowed & ~kHalves>(t.dtype(), [&]<class T>(TypeTag<T>) {
+    const F f = make_functor<F>(&error);
+    const std::span<const Tensor> in = call.inputs;
+    if constexpr (Kind == ElementwiseKind::unary) map_elements<T, T>(out[0], {&in[0]}, f);
+    else if constexpr (Kind == ElementwiseKind::binary) map_elements<T, T, T>(out[0], {&in[0], &in[1]}, f);
+    else if constexpr (Kind == ElementwiseKind::compare) map_elements<bool, T, T>(out[0], {&in[0], &in[1]}, f);
+    else map_elements<T, T, T, T>(out[0], {&in[0], &in[1], &in[2]}, f);
+  });
+  if constexpr (kReportsIntegerErrors<F>) {
+    if (error != kNoElementError) fail<InvalidArgument>("{}: {}", call.op.name, F::kIntegerError);
+  }
 }
 
-template <class F, DTypeSet Allowed>
-Op unary_op(std::string_view name, GradFn grad) {
-  return Op{name, 1, 1, kElementwise, &unary_infer<Allowed>, {&unary_kernel<F, Allowed>, nullptr}, grad};
+constexpr int arity(ElementwiseKind kind) {
+  return kind == ElementwiseKind::unary ? 1 : kind == ElementwiseKind::ternary ? 3 : 2;
+}
+
+template <ElementwiseKind Kind, class F, DTypeSet Allowed>
+Op elementwise_op_value(std::string_view name, GradFn grad) {
+  return Op{name, arity(Kind), arity(Kind), kElementwise, &elementwise_infer<Kind, Allowed>,
+            {&elementwise_kernel<Kind, F, Allowed>, nullptr}, grad};
 }
 
 void where_infer(const OpCall& call, OutputSpec& spec) {
@@ -301,6 +235,47 @@ void abs_grad(const GradCall& c, OutGrads g, Grads dx) {
   dx[0] = where(a > 0.0, g[0], where(a < 0.0, -g[0], zero));
 }
 void square_grad(const GradCall& c, OutGrads g, Grads dx) { dx[0] = g[0] * 2.0 * c.inputs[0]; }
+void log1p_grad(const GradCall& c, OutGrads g, Grads dx) { dx[0] = g[0] / (c.inputs[0] + 1.0); }
+void expm1_grad(const GradCall& c, OutGrads g, Grads dx) { dx[0] = g[0] * (c.outputs[0] + 1.0); }
+constexpr double kTwoOverSqrtPi = 1.1283791670955126;
+constexpr double kOneOverSqrtTwoPi = 0.3989422804014327;
+constexpr double kOneOverSqrtTwo = 0.7071067811865476;
+void erf_grad(const GradCall& c, OutGrads g, Grads dx) {
+  dx[0] = g[0] * (exp(-square(c.inputs[0])) * kTwoOverSqrtPi);
+}
+// d/dx x Phi(x) = Phi(x) + x phi(x).
+void gelu_grad(const GradCall& c, OutGrads g, Grads dx) {
+  const Tensor& x = c.inputs[0];
+  const Tensor cdf = (erf(x * kOneOverSqrtTwo) + 1.0) * 0.5;
+  const Tensor pdf = exp(square(x) * -0.5) * kOneOverSqrtTwoPi;
+  dx[0] = g[0] * (cdf + x * pdf);
+}
+// Piecewise constant: the gradient is zero wherever it exists (as in PyTorch).
+void zero_grad(const GradCall& c, OutGrads, Grads dx) { dx[0] = zeros_like(c.inputs[0]); }
+constexpr GradFn sign_grad = &zero_grad;
+constexpr GradFn floor_grad = &zero_grad;
+constexpr GradFn round_grad = &zero_grad;
+// The gradient goes to the operand clamp returned: hi where max(x, lo) > hi, else x where x >= lo,
+// else lo (ties to x, then to max(x, lo), as the functor picks them).
+void clamp_grad(const GradCall& c, OutGrads g, Grads dx) {
+  const Tensor& x = c.inputs[0];
+  const Tensor& lo = c.inputs[1];
+  const Tensor& hi = c.inputs[2];
+  const Tensor zero = zero_like_scalar(g[0]);
+  const Tensor above = maximum(x, lo) > hi;
+  const Tensor to_low = where(above, zero, g[0]);
+  const Tensor x_wins = x >= lo;
+  dx[0] = unbroadcast(where(x_wins, to_low, zero), x.shape());
+  dx[1] = unbroadcast(where(x_wins, zero, to_low), lo.shape());
+  dx[2] = unbroadcast(where(above, g[0], zero), hi.shape());
+}
+// Comparisons are not differentiable.
+constexpr GradFn equal_grad = nullptr;
+constexpr GradFn not_equal_grad = nullptr;
+constexpr GradFn less_grad = nullptr;
+constexpr GradFn less_equal_grad = nullptr;
+constexpr GradFn greater_grad = nullptr;
+constexpr GradFn greater_equal_grad = nullptr;
 void where_grad(const GradCall& c, OutGrads g, Grads dx) {
   const Tensor zero = zero_like_scalar(g[0]);
   dx[1] = unbroadcast(where(c.inputs[0], g[0], zero), c.inputs[1].shape());
@@ -311,87 +286,128 @@ void cast_grad(const GradCall& c, OutGrads g, Grads dx) {
   if (is_floating(c.inputs[0].dtype())) dx[0] = cast(g[0], c.inputs[0].dtype());
 }
 
-constexpr DTypeSet kArithmetic = kNumbers;
+// One Op per row of FLOWLET_ELEMENTWISE_OPS, indexed by ElementwiseOp.
+Op elementwise_ops[] = {
+#define FLOWLET_ELEMENTWISE_OP_VALUE(kind, name, functor, dtypes) \
+  elementwise_op_value<ElementwiseKind::kind, functor, dtypes>(#name, name##_grad),
+    FLOWLET_ELEMENTWISE_OPS(FLOWLET_ELEMENTWISE_OP_VALUE)
+#undef FLOWLET_ELEMENTWISE_OP_VALUE
+};
+static_assert(std::size(elementwise_ops) == kElementwiseOpCount);
 
-Op add_op = binary_op<Add, kArithmetic>("add", &add_grad);
-Op sub_op = binary_op<Sub, kArithmetic>("sub", &sub_grad);
-Op mul_op = binary_op<Mul, kArithmetic>("mul", &mul_grad);
-Op div_op = binary_op<Div, kArithmetic>("div", &div_grad);
-Op pow_op = binary_op<Pow, kFloating>("pow", &pow_grad);
-Op maximum_op = binary_op<Maximum, kArithmetic>("maximum", &maximum_grad);
-Op minimum_op = binary_op<Minimum, kArithmetic>("minimum", &minimum_grad);
-Op neg_op = unary_op<Neg, kArithmetic>("neg", &neg_grad);
-Op exp_op = unary_op<Exp, kFloating>("exp", &exp_grad);
-Op log_op = unary_op<Log, kFloating>("log", &log_grad);
-Op sqrt_op = unary_op<Sqrt, kFloating>("sqrt", &sqrt_grad);
-Op tanh_op = unary_op<Tanh, kFloating>("tanh", &tanh_grad);
-Op sigmoid_op = unary_op<Sigmoid, kFloating>("sigmoid", &sigmoid_grad);
-Op relu_op = unary_op<Relu, kArithmetic>("relu", &relu_grad);
-Op abs_op = unary_op<Abs, kArithmetic>("abs", &abs_grad);
-Op square_op = unary_op<Square, kArithmetic>("square", &square_grad);
-Op equal_op = binary_op<Equal, kAll, true>("equal");
-Op not_equal_op = binary_op<NotEqual, kAll, true>("not_equal");
-Op less_op = binary_op<Less, kAll, true>("less");
-Op less_equal_op = binary_op<LessEqual, kAll, true>("less_equal");
-Op greater_op = binary_op<Greater, kAll, true>("greater");
-Op greater_equal_op = binary_op<GreaterEqual, kAll, true>("greater_equal");
+Op& op(ElementwiseOp id) { return elementwise_ops[static_cast<size_t>(id)]; }
+
 Op where_op{"where", 3, 3, kElementwise, &where_infer, {&where_kernel, nullptr}, &where_grad};
 Op cast_op{"cast", 1, 1, kElementwise, &cast_infer, {&cast_kernel, nullptr}, &cast_grad,
            &copy_attributes<CastAttrs>, &describe_attributes<CastAttrs>};
 
 }  // namespace
 
+Op& elementwise_op(ElementwiseOp id) { return op(id); }
+
+std::optional<ElementwiseOp> elementwise_op_id(const Op& candidate) {
+  const Op* first = std::begin(elementwise_ops);
+  if (&candidate < first || &candidate >= std::end(elementwise_ops)) return std::nullopt;
+  return static_cast<ElementwiseOp>(&candidate - first);
+}
+
 void add_elementwise_ops(std::vector<Op*>& ops) {
-  ops.insert(ops.end(), {&add_op, &sub_op, &mul_op, &div_op, &pow_op, &maximum_op, &minimum_op, &neg_op,
-                         &exp_op, &log_op, &sqrt_op, &tanh_op, &sigmoid_op, &relu_op, &abs_op, &square_op,
-                         &equal_op, &not_equal_op, &less_op, &less_equal_op, &greater_op, &greater_equal_op,
-                         &where_op, &cast_op});
+  for (Op& o : elementwise_ops) ops.push_back(&o);
+  ops.insert(ops.end(), {&where_op, &cast_op});
 }
 
 }  // namespace detail
 
-Tensor add(const Tensor& a, const Tensor& b) { return dispatch(detail::add_op, {a, b}); }
-Tensor sub(const Tensor& a, const Tensor& b) { return dispatch(detail::sub_op, {a, b}); }
-Tensor mul(const Tensor& a, const Tensor& b) { return dispatch(detail::mul_op, {a, b}); }
-Tensor div(const Tensor& a, const Tensor& b) { return dispatch(detail::div_op, {a, b}); }
-Tensor pow(const Tensor& a, const Tensor& b) { return dispatch(detail::pow_op, {a, b}); }
-Tensor maximum(const Tensor& a, const Tensor& b) { return dispatch(detail::maximum_op, {a, b}); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return dispatch(detail::minimum_op, {a, b}); }
-Tensor neg(const Tensor& t) { return dispatch(detail::neg_op, {t}); }
-Tensor exp(const Tensor& t) { return dispatch(detail::exp_op, {t}); }
-Tensor log(const Tensor& t) { return dispatch(detail::log_op, {t}); }
-Tensor sqrt(const Tensor& t) { return dispatch(detail::sqrt_op, {t}); }
-Tensor tanh(const Tensor& t) { return dispatch(detail::tanh_op, {t}); }
-Tensor sigmoid(const Tensor& t) { return dispatch(detail::sigmoid_op, {t}); }
-Tensor relu(const Tensor& t) { return dispatch(detail::relu_op, {t}); }
-Tensor abs(const Tensor& t) { return dispatch(detail::abs_op, {t}); }
-Tensor square(const Tensor& t) { return dispatch(detail::square_op, {t}); }
-Tensor equal(const Tensor& a, const Tensor& b) { return dispatch(detail::equal_op, {a, b}); }
-Tensor not_equal(const Tensor& a, const Tensor& b) { return dispatch(detail::not_equal_op, {a, b}); }
-Tensor less(const Tensor& a, const Tensor& b) { return dispatch(detail::less_op, {a, b}); }
-Tensor less_equal(const Tensor& a, const Tensor& b) { return dispatch(detail::less_equal_op, {a, b}); }
-Tensor greater(const Tensor& a, const Tensor& b) { return dispatch(detail::greater_op, {a, b}); }
-Tensor greater_equal(const Tensor& a, const Tensor& b) { return dispatch(detail::greater_equal_op, {a, b}); }
+using detail::ElementwiseOp;
+
+Tensor add(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::add), {a, b}); }
+Tensor sub(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::sub), {a, b}); }
+Tensor mul(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::mul), {a, b}); }
+Tensor div(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::div), {a, b}); }
+Tensor pow(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::pow), {a, b}); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::maximum), {a, b}); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::minimum), {a, b}); }
+Tensor neg(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::neg), {t}); }
+Tensor exp(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::exp), {t}); }
+Tensor log(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::log), {t}); }
+Tensor sqrt(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::sqrt), {t}); }
+Tensor tanh(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::tanh), {t}); }
+Tensor sigmoid(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::sigmoid), {t}); }
+Tensor relu(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::relu), {t}); }
+Tensor abs(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::abs), {t}); }
+Tensor square(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::square), {t}); }
+Tensor log1p(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::log1p), {t}); }
+Tensor expm1(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::expm1), {t}); }
+Tensor erf(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::erf), {t}); }
+Tensor gelu(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::gelu), {t}); }
+Tensor sign(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::sign), {t}); }
+Tensor floor(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::floor), {t}); }
+Tensor round(const Tensor& t) { return dispatch(detail::op(ElementwiseOp::round), {t}); }
+Tensor clamp(const Tensor& x, const Tensor& lo, const Tensor& hi) {
+  return dispatch(detail::op(ElementwiseOp::clamp), {x, lo, hi});
+}
+Tensor clamp(const Tensor& x, double lo, double hi) {
+  return clamp(x, scalar_like(x, lo, "clamp"), scalar_like(x, hi, "clamp"));
+}
+Tensor equal(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::equal), {a, b}); }
+Tensor not_equal(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::not_equal), {a, b}); }
+Tensor less(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::less), {a, b}); }
+Tensor less_equal(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::less_equal), {a, b}); }
+Tensor greater(const Tensor& a, const Tensor& b) { return dispatch(detail::op(ElementwiseOp::greater), {a, b}); }
+Tensor greater_equal(const Tensor& a, const Tensor& b) {
+  return dispatch(detail::op(ElementwiseOp::greater_equal), {a, b});
+}
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   return dispatch(detail::where_op, {condition, a, b});
 }
 Tensor cast(const Tensor& t, DType dtype) { return dispatch(detail::cast_op, {t}, detail::CastAttrs{dtype}); }
 
+namespace {
+
+// The largest finite value of a floating dtype.
+double largest_finite(DType dt) {
+  switch (dt) {
+    case f16: return 65504.0;
+    case bf16: return 3.3895313892515355e38;
+    case f32: return 3.4028234663852886e38;
+    default: return std::numeric_limits<double>::max();
+  }
+}
+
+// Whether the integer `value` survives the trip to floating dtype `dt` and back unchanged.
+bool exact_in_floating(int64_t value, DType dt) {
+  constexpr double two_to_63 = 9223372036854775808.0;
+  const double as_double = static_cast<double>(value);
+  if (as_double >= two_to_63 || static_cast<int64_t>(as_double) != value) return false;  // not even in f64
+  if (dt == f64) return true;
+  const auto as_float = static_cast<float>(as_double);
+  if (static_cast<double>(as_float) != as_double) return false;
+  if (dt == f16) return std::abs(as_double) <= 65504.0 && static_cast<float>(f16_t(as_float)) == as_float;
+  if (dt == bf16) return static_cast<float>(bf16_t(as_float)) == as_float;
+  return true;
+}
+
+template <class Value>
+[[noreturn]] void fail_unrepresentable(const char* op, Value value, DType dt) {
+  detail::fail<InvalidArgument>("{}: scalar is not representable in the tensor's dtype; got {} for a {} tensor", op,
+                                value, dt);
+}
+
+}  // namespace
+
+void detail::fail_unsigned_scalar(const Tensor& like, uint64_t value, const char* op) {
+  fail_unrepresentable(op, value, like.dtype());
+}
+
 Tensor scalar_like(const Tensor& like, double value, const char* op) {
   const DType dt = like.dtype();
   if (is_integral(dt) || dt == b8) {
-    if (value != std::trunc(value)) {
-      detail::fail<InvalidArgument>("{}: scalar is not representable in the tensor's dtype; got {} for a {} tensor",
-                                    op, value, dt);
-    }
-    // Doubles beyond int64 cannot be checked exactly below; reject them here.
-    if (!(std::abs(value) < 9.2e18)) {
-      detail::fail<InvalidArgument>("{}: scalar is not representable in the tensor's dtype; got {} for a {} tensor",
-                                    op, value, dt);
-    }
+    // NaN fails the first test; doubles beyond int64 cannot be checked exactly below.
+    if (value != std::trunc(value) || !(std::abs(value) < 9.2e18)) fail_unrepresentable(op, value, dt);
     return scalar_like(like, static_cast<int64_t>(value), op);
   }
-  if (dt != f64 && std::isfinite(value) && std::abs(value) > 3.4028234663852886e38) {
+  // A floating scalar rounds to the dtype's precision, but one beyond its range would become infinity.
+  if (std::isfinite(value) && std::abs(value) > largest_finite(dt)) {
     detail::fail<InvalidArgument>("{}: scalar overflows the tensor's dtype; got {} for a {} tensor", op, value, dt);
   }
   return full(Shape{}, value, dt, like.device());
@@ -401,11 +417,8 @@ Tensor scalar_like(const Tensor& like, int64_t value, const char* op) {
   const DType dt = like.dtype();
   auto out_of_range = [&](int64_t lo, int64_t hi) { return value < lo || value > hi; };
   const bool bad = (dt == i32 && out_of_range(INT32_MIN, INT32_MAX)) || (dt == u8 && out_of_range(0, 255)) ||
-                   (dt == b8 && out_of_range(0, 1));
-  if (bad) {
-    detail::fail<InvalidArgument>("{}: scalar is not representable in the tensor's dtype; got {} for a {} tensor",
-                                  op, value, dt);
-  }
+                   (dt == b8 && out_of_range(0, 1)) || (is_floating(dt) && !exact_in_floating(value, dt));
+  if (bad) fail_unrepresentable(op, value, dt);
   if (dt == i64) return scalar(value).to(like.device());  // exact beyond 2^53, where a double rounds
   return full(Shape{}, static_cast<double>(value), dt, like.device());
 }

@@ -111,6 +111,32 @@ inline std::map<std::string, Builder> build_cases() {
   b["relu"] = [=] { return unary_cases(&fl::relu, Domain::nonzero); };  // |x| >= 0.5: away from the kink
   b["abs"] = [=] { return unary_cases(&fl::abs, Domain::nonzero); };
   b["square"] = [=] { return unary_cases(&fl::square, N); };
+  b["log1p"] = [=] { return unary_cases(&fl::log1p, Domain::positive); };
+  b["expm1"] = [=] { return unary_cases(&fl::expm1, N); };
+  b["erf"] = [=] { return unary_cases(&fl::erf, N); };
+  b["gelu"] = [=] { return unary_cases(&fl::gelu, N); };
+  // Piecewise constant: zero gradients, checked away from the jumps (sign at 0, floor at integers,
+  // round at halves), where finite differences are zero too.
+  b["sign"] = [=] { return unary_cases(&fl::sign, Domain::nonzero); };
+  for (const char* name : {"floor", "round"}) {
+    const UnaryFn fn = std::string(name) == "floor" ? &fl::floor : &fl::round;
+    b[name] = [fn] {
+      const fl::Tensor x = test::make({-2.8, -1.2, -0.3, 0.2, 0.7, 1.8, 2.3, 3.6}, fl::Shape{2, 4}, fl::f64);
+      return std::vector<GradCase>{all_floating("away from the jumps", {x}, [fn](const Inputs& in) { return fn(in[0]); })};
+    };
+  }
+  b["clamp"] = [=] {
+    std::vector<GradCase> cases;
+    const auto clamp3 = [](const Inputs& in) { return fl::clamp(in[0], in[1], in[2]); };
+    cases.push_back(all_floating("scalar bounds", {f64_input({3, 4}, 300), test::make({-0.5}, fl::Shape{}, fl::f64),
+                                                   test::make({0.6}, fl::Shape{}, fl::f64)}, clamp3));
+    // Random bounds per column and row: some below x, some above, some with lo > hi (hi wins).
+    cases.push_back(all_floating("broadcast bounds", {f64_input({3, 4}, 301), f64_input({4}, 417), f64_input({3, 1}, 533)},
+                                 clamp3));
+    cases.push_back(all_floating("double bounds", {f64_input({2, 5}, 304)},
+                                 [](const Inputs& in) { return fl::clamp(in[0], -0.5, 0.5); }));
+    return cases;
+  };
 
   b["where"] = [] {
     std::vector<GradCase> cases;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstdint>
 #include <type_traits>
 
 #include "flowlet/core/tensor.hpp"
@@ -18,6 +19,7 @@ Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 
 // Unary ops. exp/log/sqrt/tanh/sigmoid need a floating dtype; neg/abs/square/relu take numbers.
+// NaN propagates through every one of them (relu(NaN) is NaN, as maximum(x, 0)).
 Tensor neg(const Tensor& t);
 Tensor exp(const Tensor& t);
 Tensor log(const Tensor& t);
@@ -27,6 +29,20 @@ Tensor sigmoid(const Tensor& t);
 Tensor relu(const Tensor& t);
 Tensor abs(const Tensor& t);
 Tensor square(const Tensor& t);
+Tensor log1p(const Tensor& t);  // log(1 + x), accurate near 0; floating dtypes
+Tensor expm1(const Tensor& t);  // exp(x) - 1, accurate near 0; floating dtypes
+Tensor erf(const Tensor& t);    // the error function; floating dtypes
+// Exact (erf-based) GELU: x * Phi(x), Phi the standard normal CDF; floating dtypes.
+Tensor gelu(const Tensor& t);
+Tensor sign(const Tensor& t);   // -1, 0 or 1 in t's dtype (NaN stays NaN); numbers
+Tensor floor(const Tensor& t);  // floating dtypes
+Tensor round(const Tensor& t);  // to the nearest integer, halves to even (round(2.5) = 2); floating dtypes
+
+// min(max(x, lo), hi) elementwise, all three broadcast together and of one dtype (so lo > hi gives
+// hi); NaN in x stays NaN. The scalar form converts lo and hi as scalar operands do:
+//   clamp(x, 0.0, 6.0)  // relu6
+Tensor clamp(const Tensor& x, const Tensor& lo, const Tensor& hi);
+Tensor clamp(const Tensor& x, double lo, double hi);
 
 // Comparisons give b8.
 Tensor equal(const Tensor& a, const Tensor& b);
@@ -43,7 +59,8 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
 Tensor cast(const Tensor& t, DType dtype);
 
 // A rank-0 tensor of `like`'s dtype holding `value`. InvalidArgument when the value does not fit
-// that dtype (2.5 for an i32 tensor, 300 for u8), so a scalar never changes a result silently.
+// that dtype (2.5 for an i32 tensor, 300 for u8, 2^24 + 1 for f32, 1e39 for f32), so a scalar never
+// changes a result silently; docs/SEMANTICS.md has the rule.
 Tensor scalar_like(const Tensor& like, double value, const char* op);
 Tensor scalar_like(const Tensor& like, int64_t value, const char* op);
 
@@ -51,9 +68,15 @@ template <class S>
 concept ScalarValue = std::is_arithmetic_v<S> && !std::same_as<S, bool>;
 
 namespace detail {
+// InvalidArgument for an unsigned scalar above INT64_MAX, which no dtype holds exactly.
+[[noreturn]] void fail_unsigned_scalar(const Tensor& like, uint64_t value, const char* op);
+
 template <ScalarValue S>
 Tensor scalar_for(const Tensor& like, S value, const char* op) {
   if constexpr (std::is_integral_v<S>) {
+    if constexpr (std::is_unsigned_v<S> && sizeof(S) >= sizeof(int64_t)) {
+      if (value > static_cast<S>(INT64_MAX)) fail_unsigned_scalar(like, value, op);
+    }
     return scalar_like(like, static_cast<int64_t>(value), op);
   } else {
     return scalar_like(like, static_cast<double>(value), op);

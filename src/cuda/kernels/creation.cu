@@ -18,10 +18,10 @@ __global__ void __launch_bounds__(kBlock) fill_elements(T* out, int64_t n, Value
   }
 }
 
-template <unsigned Allowed, class ValueOf>
+template <DTypeSet Allowed, class ValueOf>
 void launch_fill_with(const char* op, void* out, int64_t n, ElementType type, ValueOf value_of, const Launch& where) {
   if (n == 0) return;
-  visit_type<Allowed>(op, type, [&]<class T>(Tag<T>) {
+  visit_type<Allowed>(op, type, [&]<class T>(TypeTag<T>) {
     fill_elements<T><<<blocks_for(n, kBlock, where), kBlock, 0, where.stream>>>(static_cast<T*>(out), n, value_of);
     FLOWLET_CUDA_CHECK_LAUNCH(where.device, op);
   });
@@ -61,24 +61,24 @@ struct Uniform {
 }  // namespace
 
 void launch_fill(void* out, int64_t n, ElementType type, double value, const Launch& where) {
-  launch_fill_with<kAllTypes>("full", out, n, type, Constant{value}, where);
+  launch_fill_with<kAll>("full", out, n, type, Constant{value}, where);
 }
 
 void launch_arange(void* out, int64_t n, ElementType type, const Launch& where) {
   if (type == ElementType::i64) {  // exact beyond 2^53
-    launch_fill_with<type_bit(ElementType::i64)>("arange", out, n, type, Index{}, where);
+    launch_fill_with<bit(DType::i64)>("arange", out, n, type, Index{}, where);
   } else {
-    launch_fill_with<kNumberTypes>("arange", out, n, type, IndexAsDouble{}, where);
+    launch_fill_with<kNumbers>("arange", out, n, type, IndexAsDouble{}, where);
   }
 }
 
 void launch_randn(void* out, int64_t n, ElementType type, uint64_t seed, const Launch& where) {
-  launch_fill_with<kFloatingTypes>("randn", out, n, type, Normal{seed}, where);
+  launch_fill_with<kFloating>("randn", out, n, type, Normal{seed}, where);
 }
 
 void launch_uniform(void* out, int64_t n, ElementType type, double lo, double hi, uint64_t seed, const Launch& where) {
   if (n == 0) return;
-  visit_type<kFloatingTypes>("uniform", type, [&]<class T>(Tag<T>) {
+  visit_type<kFloating>("uniform", type, [&]<class T>(TypeTag<T>) {
     fill_elements<T><<<blocks_for(n, kBlock, where), kBlock, 0, where.stream>>>(static_cast<T*>(out), n,
                                                                                  Uniform<T>{lo, hi, seed});
     FLOWLET_CUDA_CHECK_LAUNCH(where.device, "uniform");

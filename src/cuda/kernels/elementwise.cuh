@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cuda/kernels/device_types.cuh"
+#include "kernels/elementwise_functors.hpp"
 
 namespace flowlet::detail::cuda {
 
@@ -70,6 +71,32 @@ void launch_map(const char* op, const ElementwiseArgs& a, const F& f, const Laun
   if (a.numel == 0) return;
   map_kernel<Out, F, In...><<<blocks_for(a.numel, kThreads * kUnroll, where), kThreads, 0, where.stream>>>(a, f);
   FLOWLET_CUDA_CHECK_LAUNCH(where.device, op);
+}
+
+// The launcher of one row of FLOWLET_ELEMENTWISE_OPS: its functor over its dtypes, with the
+// operand count and output type its kind says.
+template <ElementwiseKind Kind, class F, DTypeSet Allowed>
+void launch_elementwise(const char* op, const ElementwiseArgs& args, ElementType type, const Launch& where,
+                        uint64_t* error) {
+  visit_type<Allowed>(op, type, [&]<class T>(TypeTag<T>) {
+    const F f = make_functor<F>(error);
+    if constexpr (Kind == ElementwiseKind::unary) launch_map<T, T>(op, args, f, where);
+    else if constexpr (Kind == ElementwiseKind::binary) launch_map<T, T, T>(op, args, f, where);
+    else if constexpr (Kind == ElementwiseKind::compare) launch_map<bool, T, T>(op, args, f, where);
+    else launch_map<T, T, T, T>(op, args, f, where);
+  });
+}
+
+// The row's launcher when this file builds it (`Build`), else an empty one.
+template <bool Build, ElementwiseKind Kind, class F, DTypeSet Allowed>
+constexpr ElementwiseLauncher launcher_if() {
+  if constexpr (!Build) {
+    return {};
+  } else if constexpr (kReportsIntegerErrors<F>) {
+    return {&launch_elementwise<Kind, F, Allowed>, F::kIntegerError};
+  } else {
+    return {&launch_elementwise<Kind, F, Allowed>, nullptr};
+  }
 }
 
 }  // namespace flowlet::detail::cuda

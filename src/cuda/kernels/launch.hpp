@@ -1,17 +1,24 @@
 // The interface between the host side of the CUDA backend (src/cuda/*.cpp, compiled by the C++
 // compiler, which sees Tensor, Op and fmt) and its kernels (src/cuda/kernels/*.cu, compiled by nvcc,
-// which see only this header): plain structs describing operands, and one launch function per
-// kernel family. Keeping flowlet's headers out of nvcc's way keeps the .cu files quick to compile.
+// which see only this header and the host-device ones in src/kernels/): plain structs describing
+// operands, and one launch function per kernel family. Keeping flowlet's heavier headers out of
+// nvcc's way keeps the .cu files quick to compile.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
+#include "flowlet/core/dtype.hpp"
+
+namespace flowlet::detail {
+enum class ElementwiseOp : uint8_t;  // a row of kernels/elementwise_functors.hpp
+}  // namespace flowlet::detail
+
 namespace flowlet::detail::cuda {
 
-// Element types as the kernels see them; same numbering as flowlet::DType.
-enum class ElementType : uint8_t { f32, f64, i32, i64, u8, b8, f16, bf16 };
+// Element types as the kernels see them: DType itself, so there is no second numbering to keep in step.
+using ElementType = DType;
 
 // Where and how a launch runs.
 struct Launch {
@@ -34,18 +41,20 @@ struct ElementwiseArgs {
   int64_t strides[kMaxOperands][kMaxDims] = {};
 };
 
-// Each family exports its launchers by op name, so the list of names lives beside the functors
-// and the host side finds them without a parallel enum. A launcher throws DeviceError on a launch
-// failure and InvalidArgument for a dtype it was not built for.
-struct NamedLauncher {
-  const char* name;
-  void (*launch)(const ElementwiseArgs& args, ElementType type, const Launch& where, uint64_t* error);
+// The CUDA launcher of one elementwise op, built from its row of kernels/elementwise_functors.hpp
+// (operands: out, then the op's inputs; `type` is the inputs' element type). A launcher throws
+// DeviceError on a launch failure and DTypeError for a dtype it was not built for. When the row's
+// functor reports integer errors (`error_message` not null) and `error` is not null, an element
+// that fails stores 0 there (set to UINT64_MAX first) and the host throws "<op>: <error_message>".
+struct ElementwiseLauncher {
+  void (*launch)(const char* op, const ElementwiseArgs& args, ElementType type, const Launch& where,
+                 uint64_t* error) = nullptr;
+  const char* error_message = nullptr;
 };
-// Binary arithmetic and comparisons (type: the inputs' element type), unary math; null-terminated.
-// `error`, when not null, receives the first element position where integer division by zero
-// happened (atomicMin; initialised to UINT64_MAX).
-const NamedLauncher* binary_launchers();
-const NamedLauncher* unary_launchers();
+// The launcher of `id`: binary.cu builds the binary, comparison and ternary ops, unary.cu the unary
+// ones; each returns an empty launcher for the other's rows.
+ElementwiseLauncher binary_launcher(ElementwiseOp id);
+ElementwiseLauncher unary_launcher(ElementwiseOp id);
 
 // out = in converted (operands: out, in).
 void launch_cast(const ElementwiseArgs& args, ElementType to, ElementType from, const Launch& where);

@@ -92,15 +92,15 @@ __global__ void __launch_bounds__(kBlock) one_hot_rows(const Index* indices, flo
   }
 }
 
-constexpr unsigned kSoftmaxTypes = type_bit(ElementType::f32) | type_bit(ElementType::f64);
-constexpr unsigned kIndexTypes = type_bit(ElementType::i32) | type_bit(ElementType::i64);
+constexpr DTypeSet kSoftmaxTypes = bit(DType::f32) | bit(DType::f64);
+constexpr DTypeSet kIndexTypes = bit(DType::i32) | bit(DType::i64);
 
 }  // namespace
 
 void launch_softmax(const void* in, void* out, ElementType type, int64_t outer, int64_t extent, int64_t inner,
                     bool log, const Launch& where) {
   if (outer * inner * extent == 0) return;
-  visit_type<kSoftmaxTypes>("softmax", type, [&]<class T>(Tag<T>) {
+  visit_type<kSoftmaxTypes>("softmax", type, [&]<class T>(TypeTag<T>) {
     const int blocks = blocks_for(outer * inner, kWarpsPerBlock, where);
     if (log) {
       softmax_lines<T, true><<<blocks, kBlock, 0, where.stream>>>(static_cast<const T*>(in), static_cast<T*>(out),
@@ -116,8 +116,8 @@ void launch_softmax(const void* in, void* out, ElementType type, int64_t outer, 
 void launch_cross_entropy(const void* logits, const void* labels, ElementType label_type, void* loss,
                           ElementType type, int64_t rows, int64_t classes, uint64_t* error, const Launch& where) {
   if (rows == 0) return;
-  visit_type<kSoftmaxTypes>("softmax_cross_entropy", type, [&]<class T>(Tag<T>) {
-    visit_type<kIndexTypes>("softmax_cross_entropy", label_type, [&]<class Label>(Tag<Label>) {
+  visit_type<kSoftmaxTypes>("softmax_cross_entropy", type, [&]<class T>(TypeTag<T>) {
+    visit_type<kIndexTypes>("softmax_cross_entropy", label_type, [&]<class Label>(TypeTag<Label>) {
       cross_entropy_rows<T, Label><<<blocks_for(rows, kWarpsPerBlock, where), kBlock, 0, where.stream>>>(
           static_cast<const T*>(logits), static_cast<const Label*>(labels), static_cast<T*>(loss), rows, classes,
           error);
@@ -130,7 +130,7 @@ void launch_one_hot(const void* indices, ElementType index_type, float* out, int
                     uint64_t* error, const Launch& where) {
   if (count * depth == 0) return;
   FLOWLET_CUDA_CHECK(where.device, cudaMemsetAsync(out, 0, static_cast<size_t>(count * depth) * sizeof(float), where.stream));
-  visit_type<kIndexTypes>("one_hot", index_type, [&]<class Index>(Tag<Index>) {
+  visit_type<kIndexTypes>("one_hot", index_type, [&]<class Index>(TypeTag<Index>) {
     one_hot_rows<Index><<<blocks_for(count, kBlock, where), kBlock, 0, where.stream>>>(
         static_cast<const Index*>(indices), out, count, depth, error);
     FLOWLET_CUDA_CHECK_LAUNCH(where.device, "one_hot");

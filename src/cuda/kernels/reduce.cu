@@ -189,12 +189,12 @@ void run_reduce(const void* in, void* out, int64_t outer, int64_t reduced, int64
 template <class F>
 void visit_reduction(Reduction op, ElementType type, F&& f) {
   if (op == Reduction::sum) {
-    visit_type<kNumberTypes | type_bit(ElementType::b8)>("sum", type, [&]<class T>(Tag<T>) {
+    visit_type<kNumbers | bit(DType::b8)>("sum", type, [&]<class T>(TypeTag<T>) {
       using Out = std::conditional_t<std::is_floating_point_v<compute_t<T>>, T, int64_t>;
       f.template operator()<Sum, T, Out>();
     });
   } else {
-    visit_type<kNumberTypes>("max", type, [&]<class T>(Tag<T>) { f.template operator()<Max, T, T>(); });
+    visit_type<kNumbers>("max", type, [&]<class T>(TypeTag<T>) { f.template operator()<Max, T, T>(); });
   }
 }
 
@@ -260,7 +260,7 @@ void launch_reduce(Reduction op, const void* in, void* out, ElementType type, in
 void launch_argmax(const void* in, int64_t* out, ElementType type, int64_t outer, int64_t reduced, int64_t inner,
                    const Launch& where) {
   if (outer * inner == 0) return;
-  visit_type<kNumberTypes>("argmax", type, [&]<class T>(Tag<T>) {
+  visit_type<kNumbers>("argmax", type, [&]<class T>(TypeTag<T>) {
     argmax_lines<T><<<blocks_for(outer * inner, kBlock / kWarp, where), kBlock, 0, where.stream>>>(
         static_cast<const T*>(in), out, outer, reduced, inner);
     FLOWLET_CUDA_CHECK_LAUNCH(where.device, "argmax");

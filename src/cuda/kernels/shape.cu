@@ -6,7 +6,7 @@ namespace flowlet::detail::cuda {
 namespace {
 
 constexpr int kBlock = 256;
-constexpr unsigned kIndexTypes = type_bit(ElementType::i32) | type_bit(ElementType::i64);
+constexpr DTypeSet kIndexTypes = bit(DType::i32) | bit(DType::i64);
 
 __device__ void record_bad(uint64_t* error, int64_t position) {
   atomicMin(reinterpret_cast<unsigned long long*>(error), static_cast<unsigned long long>(position));
@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(kBlock) scatter_add_rows(const Index* indices,
 void launch_gather(const void* params, const void* indices, ElementType index_type, void* out, int64_t count,
                    int64_t rows, int64_t row, int element_bytes, uint64_t* error, const Launch& where) {
   if (count * row == 0) return;
-  visit_bits("gather", element_bytes, [&]<class U>(Tag<U>) {
-    visit_type<kIndexTypes>("gather", index_type, [&]<class Index>(Tag<Index>) {
+  visit_bits("gather", element_bytes, [&]<class U>(TypeTag<U>) {
+    visit_type<kIndexTypes>("gather", index_type, [&]<class Index>(TypeTag<Index>) {
       gather_rows<U, Index><<<blocks_for(count * row, kBlock, where), kBlock, 0, where.stream>>>(
           static_cast<const U*>(params), static_cast<const Index*>(indices), static_cast<U*>(out), count, rows, row,
           error);
@@ -82,9 +82,9 @@ void launch_scatter_add(const void* indices, ElementType index_type, const void*
                         ElementType type, int64_t count, int64_t rows, int64_t row, uint64_t* error,
                         const Launch& where) {
   if (count * row == 0) return;
-  constexpr unsigned kScatterTypes = type_bit(ElementType::f32) | type_bit(ElementType::f64) | kIntegerTypes;
-  visit_type<kScatterTypes>("scatter_add", type, [&]<class T>(Tag<T>) {
-    visit_type<kIndexTypes>("scatter_add", index_type, [&]<class Index>(Tag<Index>) {
+  constexpr DTypeSet kScatterTypes = bit(DType::f32) | bit(DType::f64) | kIntegers;
+  visit_type<kScatterTypes>("scatter_add", type, [&]<class T>(TypeTag<T>) {
+    visit_type<kIndexTypes>("scatter_add", index_type, [&]<class Index>(TypeTag<Index>) {
       scatter_add_rows<T, Index><<<blocks_for(count * row, kBlock, where), kBlock, 0, where.stream>>>(
           static_cast<const Index*>(indices), static_cast<const T*>(updates), static_cast<T*>(out), count, rows, row,
           error);

@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kBlock) axpy(T* value, const T* update, int64_
 
 void launch_axpy(void* value, const void* update, int64_t n, ElementType type, double scale, const Launch& where) {
   if (n == 0) return;
-  visit_type<kNumberTypes>("assign_add", type, [&]<class T>(Tag<T>) {
+  visit_type<kNumbers>("assign_add", type, [&]<class T>(TypeTag<T>) {
     axpy<T><<<blocks_for(n, kBlock, where), kBlock, 0, where.stream>>>(static_cast<T*>(value),
                                                                       static_cast<const T*>(update), n, scale);
     FLOWLET_CUDA_CHECK_LAUNCH(where.device, "assign_add");
