@@ -123,6 +123,7 @@ enum OpFlags : uint32_t {
   kStateful = 1u << 1,     // has effects beyond its outputs: never folded, deduplicated or pruned
   kElementwise = 1u << 2,  // output element i depends only on input elements i (after broadcast)
   kPlacesOutput = 1u << 3, // its attributes say where the output lives (to_device): device scopes leave it be
+  kContraction = 1u << 4,  // costs outputs x the inner dimension of input 0 (matmul): the executor's threading rule
 };
 
 struct Op {

@@ -256,7 +256,7 @@ void matmul_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor>
   }
 }
 
-Op matmul_op{"matmul", 2, 2, kNoFlags, &matmul_infer, {&matmul_kernel, nullptr}, &matmul_grad};
+Op matmul_op{"matmul", 2, 2, kContraction, &matmul_infer, {&matmul_kernel, nullptr}, &matmul_grad};
 
 }  // namespace
 
