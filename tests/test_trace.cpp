@@ -1,6 +1,9 @@
 // trace(): traced calls equal eager calls; signatures, retracing and its reasons; symbolic tensors;
-// variables as ordered stateful nodes; training steps; errors inside graphs; timelines.
+// variables as ordered stateful nodes; training steps; errors inside graphs; timelines; the bounded
+// graph cache and concurrent first calls.
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <tuple>
 
 #include "support/reference.hpp"
@@ -303,4 +306,127 @@ TEST_CASE("a batch-1 SGD step (rank-1 weight updates fused into the weights) mat
     CHECK(traced(x).item<float>() == doctest::Approx(step(w_eager, eager_opt, x).item<float>()).epsilon(1e-6));
   }
   check_close(w_traced.value(), w_eager.value(), 1e-6);
+}
+
+namespace {
+
+// An error type that no part of the library names: the executor must still put the node in front
+// of its message and keep its type.
+class QuotaExceeded : public fl::Error {
+ public:
+  using fl::Error::Error;
+};
+
+fl::TraceOptions cache_of(int64_t graphs) {
+  fl::TraceOptions options;
+  options.max_cached_graphs = graphs;
+  options.retrace_warning_after = 1000;  // these tests retrace on purpose
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("an error type the library never names keeps its type and gets the node in front") {
+  auto f = fl::trace([](fl::Tensor x) {
+    fl::host_callback([](const std::vector<fl::Tensor>&) { throw QuotaExceeded("quota: 3 of 2 used"); }, {x});
+    return x + 1.0f;
+  });
+  test::check_throws<QuotaExceeded>([&] { f(fl::ones({2})); }, {"node 'host_callback", "quota: 3 of 2 used"});
+  // Each call raises a new error and names the node once.
+  try {
+    f(fl::ones({2}));
+    FAIL("no error");
+  } catch (const QuotaExceeded& e) {
+    const std::string message = e.what();
+    CHECK(message.rfind("node '", 0) == 0);
+    CHECK(message.find("node '", 1) == std::string::npos);
+  }
+}
+
+TEST_CASE("an error locates once: a second location leaves the message as it was") {
+  QuotaExceeded e("quota: over");
+  e.locate("node 'a'");
+  e.locate("node 'b'");
+  CHECK(std::string(e.what()) == "node 'a': quota: over");
+  const QuotaExceeded copy = e;
+  CHECK(std::string(copy.what()) == "node 'a': quota: over");
+}
+
+TEST_CASE("the trace cache drops the least recently called signature first; a dropped one retraces") {
+  auto f = fl::trace([](fl::Tensor x) { return x * 2.0f + 1.0f; }, cache_of(2));
+  const fl::Tensor a = fl::ones({2}), b = fl::ones({3}), c = fl::ones({4});
+  f(a);
+  f(b);
+  f(a);  // a is now the most recent, b the least
+  f(c);  // drops b
+  CHECK(f.trace_count() == 3);
+  CHECK(f.cache_stats().graphs == 2);
+  CHECK(f.cache_stats().evictions == 1);
+  f(a);
+  f(c);
+  CHECK(f.trace_count() == 3);  // both still cached
+  const fl::Tensor x = fl::tensor({1.0f, 2.0f, 3.0f});
+  CHECK(values(f(x)) == values(x * 2.0f + 1.0f));  // b's signature again: traced anew, same result
+  CHECK(f.trace_count() == 4);
+  CHECK(f.cache_stats().evictions == 2);  // a was the least recent then
+  CHECK(f.cache_stats().capacity == 2);
+}
+
+TEST_CASE("the trace cache is bounded, and a lookup compares a constant number of signatures") {
+  auto f = fl::trace([](fl::Tensor x) { return x + 1.0f; }, cache_of(64));
+  for (int64_t n = 2; n < 2 + 100; ++n) f(fl::ones({n}));
+  CHECK(f.trace_count() == 100);
+  CHECK(f.cache_stats().graphs == 64);
+  CHECK(f.cache_stats().evictions == 36);
+  // Looking up an old (least recently called) signature: the most recent one, then its hash bucket.
+  const int64_t before = f.cache_stats().signature_comparisons;
+  const fl::Tensor oldest = fl::full({101 - 63}, 2.0f);
+  CHECK(values(f(oldest)) == values(oldest + 1.0f));
+  CHECK(f.trace_count() == 100);
+  CHECK(f.cache_stats().signature_comparisons - before <= 3);
+}
+
+TEST_CASE("the default trace cache bound is documented, and a negative one is rejected") {
+  auto f = fl::trace([](fl::Tensor x) { return x + 1.0f; });
+  CHECK(f.cache_stats().capacity == 256);
+  test::check_throws<fl::InvalidArgument>([] { (void)fl::trace([](fl::Tensor x) { return x; }, cache_of(-1)); },
+                                          {"max_cached_graphs", "got -1"});
+}
+
+TEST_CASE("threads calling with one new signature at once trace it once and all get the eager result") {
+  std::atomic<int> traced{0};
+  auto f = fl::trace([&](fl::Tensor x) {
+    ++traced;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the others arrive while this traces
+    return fl::exp(x) * 3.0f;
+  });
+  const fl::Tensor x = fl::randn({16}, 3);
+  const std::vector<float> want = values(fl::exp(x) * 3.0f);
+  constexpr int kThreads = 8;
+  std::atomic<int> arrived{0};
+  std::vector<std::vector<float>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      ++arrived;
+      while (arrived.load() < kThreads) std::this_thread::yield();
+      got[static_cast<size_t>(t)] = values(f(x));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(traced.load() == 1);
+  CHECK(f.trace_count() == 1);
+  for (const auto& g : got) CHECK(g == want);
+}
+
+TEST_CASE("a trace that throws lets a waiting or later call trace again") {
+  bool fail = true;
+  auto f = fl::trace([&](fl::Tensor x) {
+    if (fail) throw fl::InvalidArgument("f: not yet");
+    return x + 1.0f;
+  });
+  test::check_throws<fl::InvalidArgument>([&] { f(fl::ones({2})); }, {"not yet"});
+  fail = false;
+  CHECK(values(f(fl::ones({2}))) == std::vector<float>{2, 2});
+  CHECK(f.trace_count() == 1);
 }

@@ -143,6 +143,7 @@ enum OpFlags : uint32_t {
   kAnyDevice = 1u << 5,
   // Runs where its resource lives: a device scope's placement request does not apply to its node.
   kRunsAtResource = 1u << 6,
+  kContraction = 1u << 7,  // costs outputs x the inner dimension of input 0 (matmul): the executor's threading rule
 };
 
 struct Op {

@@ -13,9 +13,12 @@
 //
 // What to know:
 //   - The signature of a call is the dtype, shape and device of each tensor argument, the value
-//     of every other argument, and the DeviceScope (or ColocateWith) active at the call. A new signature traces fn again (trace_count() counts them; a
-//     warning names the difference when one function keeps retracing). TraceOptions::unknown_dims
-//     lets one graph serve every size of a dimension, e.g. the batch.
+//     of every other argument, and the DeviceScope (or ColocateWith) active at the call. A new
+//     signature traces fn again (trace_count() counts them; a warning names the difference when
+//     one function keeps retracing), once even when several threads bring it at the same time.
+//     TraceOptions::unknown_dims lets one graph serve every size of a dimension, e.g. the batch.
+//   - At most TraceOptions::max_cached_graphs graphs are kept (default 256); the least recently
+//     called signature is dropped first and traced again if it comes back.
 //   - fn's own C++ code runs only while it is traced: a std::cout in fn prints once. Use
 //     flowlet::print or flowlet::host_callback for effects at every call.
 //   - Inside fn, tensors are symbolic: ops on them record nodes; reading their elements (item,
@@ -52,6 +55,9 @@ struct TraceOptions {
   std::string name = "traced function";  // for warnings and dumps
   std::vector<UnknownDim> unknown_dims;
   int retrace_warning_after = 5;  // warn (stderr) once more than this many signatures were traced
+  // Graphs kept, one per signature; past this the least recently called is dropped (and traced
+  // again if its signature comes back). 0: FLOWLET_TRACE_CACHE_SIZE if set, else 256.
+  int64_t max_cached_graphs = 0;
   bool optimize = true;           // run the graph passes (prune always runs)
   bool fuse_elementwise = true;
   std::string dump_graphs_dir;    // write DOT/JSON before and after every pass (also FLOWLET_DUMP_GRAPHS)
@@ -75,6 +81,16 @@ struct CudaGraphInfo {
 struct TransferStats {
   int64_t transfers = 0;  // Send/Recv pairs that ran, control-only pairs included
   int64_t bytes = 0;      // bytes of the tensors they carried
+};
+
+// The state of a traced function's graph cache (TracedFunction::cache_stats()).
+struct TraceCacheStats {
+  int64_t graphs = 0;     // cached now, at most max_cached_graphs
+  int64_t capacity = 0;   // max_cached_graphs as resolved (option, environment or default)
+  int64_t evictions = 0;  // graphs dropped to stay within the capacity
+  // Signatures compared with cached ones by all lookups so far: a lookup hashes the signature, so
+  // this grows by a small constant per call, whatever the number of cached graphs.
+  int64_t signature_comparisons = 0;
 };
 
 // Ops inside run eagerly even while fn is being traced: one-time set-up such as creating variables.
@@ -109,52 +125,30 @@ struct ArgSignature {
 // device, so a call under another scope needs its own graph.
 void describe_device_scope(std::vector<ArgSignature>& signature);
 
-class FunctionCore;
-
-// Everything about one traced function that does not depend on its C++ type.
-class TracedCore {
- public:
-  explicit TracedCore(TraceOptions options);
-  ~TracedCore();
-
-  // The cached concrete function for `signature`, or -1 when it must be traced first.
-  int find(const std::vector<ArgSignature>& signature) const;
-  // Traces: `record(symbolic_arguments)` calls fn with symbolic tensors and returns its flat
-  // outputs. With unknown dimensions, a second probe trace at other sizes checks that one graph
-  // really serves every size (nothing in fn turned a size into a constant). Returns the entry.
-  template <class Record>
-  int trace(const std::vector<ArgSignature>& signature, std::span<const Tensor> tensor_args, Record&& record) {
-    Builder main = begin_trace(signature, tensor_args, /*probe=*/false);
-    end_trace(main, record(main.symbolic_arguments));
-    Builder probe;
-    if (wants_probe(signature)) {
-      probe = begin_trace(signature, tensor_args, /*probe=*/true);
-      end_trace(probe, record(probe.symbolic_arguments));
-    }
-    return finish_trace(signature, main, probe);
-  }
-  std::vector<Tensor> run(int entry, std::span<const Tensor> tensor_args);
-  const Graph& graph(int entry) const;
-
-  int64_t trace_count() const;
-  const std::string& last_retrace_reason() const;
-  std::string timeline_json() const;  // Chrome trace-event JSON of the last call (collect_step_stats)
-  TransferStats last_transfer_stats() const;
-  CudaGraphInfo cuda_graph_info() const;
-
-  struct Builder {
-    std::shared_ptr<void> state;  // the TraceBuilder and the active-trace scope
-    std::vector<Tensor> symbolic_arguments;
-  };
-
- private:
-  Builder begin_trace(const std::vector<ArgSignature>& signature, std::span<const Tensor> tensor_args, bool probe);
-  void end_trace(Builder& builder, const std::vector<Tensor>& outputs);
-  bool wants_probe(const std::vector<ArgSignature>& signature) const;
-  int finish_trace(const std::vector<ArgSignature>& signature, Builder& main, Builder& probe);
-
-  std::unique_ptr<FunctionCore> core_;
+// fn as the non-template core calls it while tracing: symbolic tensor arguments in, flat outputs out.
+struct TraceBody {
+  void* fn = nullptr;
+  std::vector<Tensor> (*invoke)(void* fn, std::span<const Tensor> symbolic_arguments) = nullptr;
 };
+
+// Everything about one traced function that does not depend on fn's C++ type: the graph cache,
+// tracing a new signature (once, however many threads call with it at the same time), and running
+// the cached graph. Defined in src/trace/function.cpp; TracedFunction reaches it through these
+// functions only.
+class TracedCore;
+std::shared_ptr<TracedCore> make_traced_core(TraceOptions options);
+// Runs the graph for `signature` (tracing `body` first if the signature is new) on `tensors`.
+std::vector<Tensor> call_traced(TracedCore& core, const std::vector<ArgSignature>& signature,
+                                std::span<const Tensor> tensors, TraceBody body);
+// The graph for `signature`, traced now if it is new. Valid while its signature stays cached.
+const Graph& traced_graph(TracedCore& core, const std::vector<ArgSignature>& signature,
+                          std::span<const Tensor> tensors, TraceBody body);
+int64_t trace_count(const TracedCore& core);
+std::string last_retrace_reason(const TracedCore& core);
+std::string timeline_json(const TracedCore& core);
+TransferStats last_transfer_stats(const TracedCore& core);
+CudaGraphInfo cuda_graph_info(const TracedCore& core);
+TraceCacheStats cache_stats(const TracedCore& core);
 
 // --- how arguments and results map to tensors ---
 
@@ -232,72 +226,78 @@ struct Results<std::tuple<Ts...>> {
 
 }  // namespace detail
 
-// The callable trace() returns. Copying it shares the cache of traced graphs.
+// The callable trace() returns. Copying it shares the cache of traced graphs. Calls may come from
+// several threads at once.
 template <class F>
 class TracedFunction {
  public:
   TracedFunction(F fn, TraceOptions options)
-      : fn_(std::make_shared<F>(std::move(fn))), core_(std::make_shared<detail::TracedCore>(std::move(options))) {}
+      : fn_(std::make_shared<F>(std::move(fn))), core_(detail::make_traced_core(std::move(options))) {}
 
   template <class... Args>
   auto operator()(Args&&... args) {
     using R = std::invoke_result_t<F&, Args...>;
     if (is_tracing()) return (*fn_)(std::forward<Args>(args)...);  // inside another trace: inline
-    std::vector<detail::ArgSignature> signature;
-    std::vector<Tensor> tensors;
-    (detail::describe_argument(args, signature, tensors), ...);
-    detail::describe_device_scope(signature);
-    int entry = core_->find(signature);
-    if (entry < 0) entry = trace_now<R>(signature, tensors, args...);
-    if constexpr (std::is_void_v<R>) {
-      core_->run(entry, tensors);
-    } else {
-      std::vector<Tensor> outputs = core_->run(entry, tensors);
-      return detail::Results<std::remove_cvref_t<R>>::build(outputs);
-    }
+    Call<R, Args...> call(*this, args...);
+    std::vector<Tensor> outputs = detail::call_traced(*core_, call.signature, call.tensors, call.body());
+    if constexpr (!std::is_void_v<R>) return detail::Results<std::remove_cvref_t<R>>::build(outputs);
   }
 
-  // The optimized graph for these arguments (traced now if this signature is new).
+  // The optimized graph for these arguments (traced now if this signature is new). The reference
+  // stays valid while the signature is cached (TraceOptions::max_cached_graphs).
   template <class... Args>
   const Graph& graph(Args&&... args) {
-    using R = std::invoke_result_t<F&, Args...>;
-    std::vector<detail::ArgSignature> signature;
-    std::vector<Tensor> tensors;
-    (detail::describe_argument(args, signature, tensors), ...);
-    detail::describe_device_scope(signature);
-    int entry = core_->find(signature);
-    if (entry < 0) entry = trace_now<R>(signature, tensors, args...);
-    return core_->graph(entry);
+    Call<std::invoke_result_t<F&, Args...>, Args...> call(*this, args...);
+    return detail::traced_graph(*core_, call.signature, call.tensors, call.body());
   }
 
-  int64_t trace_count() const { return core_->trace_count(); }
-  // Why the latest trace happened, as differences from the closest signature traced before
-  // ("argument 0: shape [8, 5] -> [16, 5]"); "first call" for the first.
-  const std::string& last_retrace_reason() const { return core_->last_retrace_reason(); }
+  int64_t trace_count() const { return detail::trace_count(*core_); }
+  // Why the latest trace happened, as differences from the closest of the most recently used
+  // signatures ("argument 0: shape [8, 5] -> [16, 5]"); "first call" for the first.
+  std::string last_retrace_reason() const { return detail::last_retrace_reason(*core_); }
   // The last call's step statistics as Chrome/Perfetto trace-event JSON (needs collect_step_stats).
-  std::string timeline_json() const { return core_->timeline_json(); }
+  std::string timeline_json() const { return detail::timeline_json(*core_); }
   // Tensors the last call moved between its device partitions (all zero on one device).
-  TransferStats last_transfer_stats() const { return core_->last_transfer_stats(); }
+  TransferStats last_transfer_stats() const { return detail::last_transfer_stats(*core_); }
   // Whether the last call ran its graph as a CUDA Graph (TraceOptions::cuda_graphs), and why not.
-  CudaGraphInfo cuda_graph_info() const { return core_->cuda_graph_info(); }
+  CudaGraphInfo cuda_graph_info() const { return detail::cuda_graph_info(*core_); }
+  // How many graphs are cached, the bound, and how many were dropped.
+  TraceCacheStats cache_stats() const { return detail::cache_stats(*core_); }
 
  private:
+  // One call's signature (built once) and tensors, and how to run fn on symbolic arguments.
   template <class R, class... Args>
-  int trace_now(const std::vector<detail::ArgSignature>& signature, const std::vector<Tensor>& tensors, Args&... args) {
-    return core_->trace(signature, tensors, [&](const std::vector<Tensor>& symbolic) {
+  struct Call {
+    Call(TracedFunction& self, Args&... args) : fn(*self.fn_), arguments(args...) {
+      std::apply([&](auto&... a) { (detail::describe_argument(a, signature, tensors), ...); }, arguments);
+      detail::describe_device_scope(signature);
+    }
+
+    detail::TraceBody body() { return detail::TraceBody{this, &Call::invoke}; }
+
+    static std::vector<Tensor> invoke(void* self, std::span<const Tensor> symbolic) {
+      Call& call = *static_cast<Call*>(self);
       size_t cursor = 0;
-      const std::span<const Tensor> view(symbolic);
       // Braced initialisation evaluates left to right, so arguments meet their tensors in order.
-      std::tuple<decltype(detail::substitute(args, view, cursor))...> call_args{
-          detail::substitute(args, view, cursor)...};
+      auto call_args = std::apply(
+          [&](auto&... a) {
+            return std::tuple<decltype(detail::substitute(a, symbolic, cursor))...>{
+                detail::substitute(a, symbolic, cursor)...};
+          },
+          call.arguments);
       if constexpr (std::is_void_v<R>) {
-        std::apply(*fn_, std::move(call_args));
-        return std::vector<Tensor>{};
+        std::apply(call.fn, std::move(call_args));
+        return {};
       } else {
-        return detail::Results<std::remove_cvref_t<R>>::flatten(std::apply(*fn_, std::move(call_args)));
+        return detail::Results<std::remove_cvref_t<R>>::flatten(std::apply(call.fn, std::move(call_args)));
       }
-    });
-  }
+    }
+
+    F& fn;
+    std::tuple<Args&...> arguments;
+    std::vector<detail::ArgSignature> signature;
+    std::vector<Tensor> tensors;
+  };
 
   std::shared_ptr<F> fn_;
   std::shared_ptr<detail::TracedCore> core_;

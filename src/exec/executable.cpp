@@ -19,9 +19,9 @@ Executable::Executable(std::shared_ptr<const Graph> graph, bool dynamic_shapes, 
     : graph_(std::move(graph)) {
   partitioned_ = split_partitions(*graph_);
   if (partitioned_.partitions.size() <= 1) {
-    plans_.push_back(std::make_unique<Plan>(graph_, dynamic_shapes));
-    why_not_captured_ = GraphCapture::why_not(*graph_, *plans_[0], dynamic_shapes, cuda_graphs);
-    if (why_not_captured_.empty()) capture_ = std::make_unique<GraphCapture>(*graph_, *plans_[0]);
+    const Plan& plan = *plans_[plans_.push_back(std::make_unique<Plan>(graph_, dynamic_shapes))];
+    why_not_captured_ = GraphCapture::why_not(*graph_, plan, dynamic_shapes, cuda_graphs);
+    if (why_not_captured_.empty()) capture_ = std::make_unique<GraphCapture>(*graph_, plan);
     return;
   }
   why_not_captured_ = fmt::format("it spans {} devices", partitioned_.partitions.size());
@@ -42,7 +42,7 @@ CudaGraphInfo Executable::cuda_graph_info() const {
 std::vector<Tensor> Executable::run(std::span<const Tensor> arguments, StepStats* stats) const {
   if (plans_.size() == 1) {
     if (capture_ && !(stats && stats->record_nodes)) return capture_->run(arguments);
-    return plans_[0]->run(arguments, stats);
+    return plans_[PartitionIndex(0)]->run(arguments, stats);
   }
   Rendezvous rendezvous(partitioned_.slots);
   StepShared shared;
@@ -57,12 +57,12 @@ std::vector<Tensor> Executable::run(std::span<const Tensor> arguments, StepStats
   shared.cancellation.on_cancel([&rendezvous] {
     rendezvous.abort(std::make_exception_ptr(Cancelled("the step was cancelled: another node failed")));
   });
-  std::vector<Plan::StepPtr> steps;
-  steps.reserve(plans_.size());
+  IndexedVector<PartitionIndex, Plan::StepPtr> steps;
   for (const auto& plan : plans_) steps.push_back(plan->make_step(shared, arguments));
   // Every partition but the first starts on a pool thread; the caller runs the first, then waits.
-  for (size_t p = 1; p < plans_.size(); ++p) schedule(&Plan::start_task, steps[p].get());
-  plans_[0]->start(*steps[0]);
+  const PartitionIndex first(0);
+  for (PartitionIndex p = first + 1; p < plans_.end_index(); ++p) schedule(&Plan::start_task, steps[p].get());
+  plans_[first]->start(*steps[first]);
   shared.wait();
   if (stats) {
     stats->wall_ns = now_ns() - shared.start_ns;
@@ -72,8 +72,9 @@ std::vector<Tensor> Executable::run(std::span<const Tensor> arguments, StepStats
   if (shared.error) rethrow_from_node(shared.error, *shared.error_node);
   std::vector<Tensor> outputs;
   outputs.reserve(partitioned_.outputs.size());
-  for (const auto& [p, i] : partitioned_.outputs) {
-    outputs.push_back(plans_[static_cast<size_t>(p)]->output(*steps[static_cast<size_t>(p)], static_cast<size_t>(i)));
+  for (const auto& [partition, i] : partitioned_.outputs) {
+    const PartitionIndex p(partition);
+    outputs.push_back(plans_[p]->output(*steps[p], static_cast<size_t>(i)));
   }
   return outputs;
 }

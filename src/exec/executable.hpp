@@ -33,7 +33,7 @@ class Executable {
  private:
   std::shared_ptr<const Graph> graph_;
   PartitionedGraph partitioned_;
-  std::vector<std::unique_ptr<Plan>> plans_;
+  IndexedVector<PartitionIndex, std::unique_ptr<Plan>> plans_;
   std::unique_ptr<GraphCapture> capture_;  // set when the single plan may run as a CUDA Graph
   std::string why_not_captured_;
 };

@@ -54,6 +54,61 @@ struct StepShared {
   void wait();  // until every partition finished
 };
 
+// An index that indexes only the vectors of its own kind (IndexedVector<I, T>): a slot cannot be
+// used as an item by mistake, and the conversions to size_t live here instead of at every use.
+template <class Tag>
+struct Index {
+  int32_t value = -1;
+
+  constexpr Index() = default;
+  constexpr explicit Index(int32_t v) : value(v) {}
+  constexpr explicit Index(size_t v) : value(static_cast<int32_t>(v)) {}
+  constexpr size_t position() const { return static_cast<size_t>(value); }
+  constexpr Index operator+(int32_t offset) const { return Index(value + offset); }
+  constexpr Index& operator++() {
+    ++value;
+    return *this;
+  }
+  friend constexpr auto operator<=>(Index, Index) = default;
+};
+
+template <class I, class T>
+class IndexedVector {
+ public:
+  IndexedVector() = default;
+  explicit IndexedVector(size_t size) : values_(size) {}
+  IndexedVector(size_t size, const T& value) : values_(size, value) {}
+
+  T& operator[](I i) { return values_[i.position()]; }
+  const T& operator[](I i) const { return values_[i.position()]; }
+  size_t size() const { return values_.size(); }
+  bool empty() const { return values_.empty(); }
+  I end_index() const { return I(values_.size()); }
+  I push_back(T value) {
+    values_.push_back(std::move(value));
+    return I(values_.size() - 1);
+  }
+  auto begin() const { return values_.begin(); }
+  auto end() const { return values_.end(); }
+  T* data() { return values_.data(); }
+
+ private:
+  std::vector<T> values_;
+};
+
+using NodeIndex = Index<struct NodeTag>;  // a node of the plan's graph
+using ItemIndex = Index<struct ItemTag>;  // an op node the plan runs, in topological order
+using SlotIndex = Index<struct SlotTag>;  // one output value of a node
+using PartitionIndex = Index<struct PartitionTag>;  // one device's part of a graph (Executable)
+
+// How a plan runs its items, chosen once when it is built (FLOWLET_EXECUTOR=sequential|concurrent
+// forces one for tests and benchmarks).
+enum class RunMode : uint8_t {
+  sequential,  // in topological order on the calling thread: no queue, no atomics, no thread hop
+  dataflow,    // by pending counts, on the threads that finish producers (async items, partitions)
+  concurrent,  // dataflow that also hands expensive ready items beyond the first to the pool
+};
+
 class Plan {
  public:
   struct Step;
@@ -86,67 +141,84 @@ class Plan {
   Tensor output(Step& step, size_t i) const;
 
   const Graph& graph() const { return *graph_; }
+  RunMode mode() const { return mode_; }
 
   // --- for CUDA Graph recording (exec/graph_capture.cpp): one sequential step run in pieces ---
-  bool sequential() const { return !dataflow_; }
-  int32_t num_items() const { return static_cast<int32_t>(items_.size()); }
-  const Node& item_node(int32_t item) const { return graph_->node(items_[static_cast<size_t>(item)].node); }
+  bool sequential() const { return mode_ == RunMode::sequential; }
+  int32_t num_items() const { return items_.end_index().value; }
+  const Node& item_node(int32_t item) const { return node_of(items_[ItemIndex(item)]); }
   // Runs items [begin, end) of `step` in order on the calling thread (a sequential plan's step made
   // by make_step) and rethrows the first error with its node's name.
   void run_items(Step& step, int32_t begin, int32_t end) const;
   std::vector<Tensor> outputs(Step& step) const;  // after every item ran
 
  private:
+  // A run of consecutive entries in one of the plan's flat tables.
+  struct Range {
+    int32_t first = 0;
+    int32_t count = 0;
+  };
   struct Item {
-    int32_t node = -1;        // graph node id
+    NodeIndex node;
     const Op* op = nullptr;
     KernelFn kernel = nullptr;
     AsyncKernelFn async_kernel = nullptr;  // set instead of kernel for ops that wait (recv, dequeue)
     const void* attributes = nullptr;
-    int32_t first_input = 0;  // into input_slots_
-    int32_t num_inputs = 0;
-    int32_t first_output = 0;  // slot of output 0; outputs are consecutive
+    Range inputs;              // into input_slots_
+    SlotIndex first_output;    // outputs are consecutive slots
     int32_t num_outputs = 0;
-    int32_t first_consumer = 0;  // into consumers_ (items waiting on this one, data or control)
-    int32_t num_consumers = 0;
+    Range consumers;           // into consumers_ (items waiting on this one, data or control)
     int32_t initial_pending = 0;  // producer items this one waits for
     bool allocate = true;         // false for views and async ops, whose kernels make their outputs
     bool expensive = false;       // worth handing to another thread
   };
+  struct Layout;  // what the constructor works out about the graph's nodes before linking items
 
+  const Node& node_of(const Item& item) const { return graph_->node(item.node.value); }
+  std::span<const SlotIndex> input_slots(const Item& item) const;
+  std::span<const ItemIndex> consumers(const Item& item) const;
+  std::span<Tensor> output_values(Step& step, const Item& item) const;
+
+  Layout lay_out(const Graph& g);
+  void link_items(const Layout& layout);
+  void mark_outputs(const Graph& g, const Layout& layout);
+  RunMode choose_mode(bool in_group) const;
   bool has_independent_expensive_items() const;
+
   void feed(Step& step, std::span<const Tensor> arguments) const;
   // Runs one item. False when an async kernel is still waiting: its completion finishes it later.
-  bool run_item(Step& step, int32_t item) const;
-  void complete_item(Step& step, int32_t item, int64_t start) const;  // statistics; drops dead inputs
+  bool run_item(Step& step, ItemIndex item) const;
+  bool start_async_item(Step& step, ItemIndex index, const OpCall& call, int64_t start) const;
+  void run_kernel(Step& step, const Item& item, const OpCall& call) const;
+  void complete_item(Step& step, ItemIndex item, int64_t start) const;  // statistics; drops dead inputs
   void run_sequential(Step& step) const;
-  void drain(Step& step, std::vector<int32_t>& ready) const;
-  void finish_item(Step& step, int32_t item, std::vector<int32_t>& ready) const;
-  static void run_task(void* context);
-  static void async_done(void* context, std::exception_ptr error);
-  static void continue_task(void* context);
+  void drain(Step& step, std::vector<ItemIndex>& ready) const;
+  void finish_item(Step& step, ItemIndex item, std::vector<ItemIndex>& ready) const;
+  static void run_task(void* task);
+  static void async_done(void* task, std::exception_ptr error);
+  static void continue_task(void* task);
 
   std::shared_ptr<const Graph> graph_;
   bool dynamic_shapes_;
   std::vector<int32_t> global_ids_;
-  bool concurrent_ = false;  // hands expensive ready items to the pool
-  bool dataflow_ = false;    // runs by pending counts (concurrent, async items, or part of a group)
+  RunMode mode_ = RunMode::sequential;
   bool has_async_ = false;
-  std::vector<Item> items_;           // op nodes, in topological order
-  std::vector<int32_t> input_slots_;  // per item input, the slot it reads
-  std::vector<int32_t> consumers_;
-  std::vector<int32_t> initial_uses_;  // per slot: items reading it (+1 if it is a graph output)
-  std::vector<std::pair<int32_t, int32_t>> argument_slots_;  // (argument index, slot)
-  std::vector<std::pair<int32_t, Tensor>> constant_slots_;
-  std::vector<int32_t> output_slots_;
+  IndexedVector<ItemIndex, Item> items_;  // op nodes, in topological order
+  std::vector<SlotIndex> input_slots_;    // per item input, the slot it reads
+  std::vector<ItemIndex> consumers_;
+  IndexedVector<SlotIndex, int32_t> initial_uses_;  // per slot: items reading it (+1 if it is a graph output)
+  std::vector<std::pair<int32_t, SlotIndex>> argument_slots_;  // (argument index, slot)
+  std::vector<std::pair<SlotIndex, Tensor>> constant_slots_;
+  std::vector<SlotIndex> output_slots_;
   std::vector<bool> output_is_constant_;
-  std::vector<int32_t> initially_ready_;
+  std::vector<ItemIndex> initially_ready_;
   int32_t num_slots_ = 0;
   int32_t num_arguments_ = 0;
 };
 
-// Rethrows `error` as the same flowlet::Error subclass with "node '...' (recorded at ...): " in
-// front, so callers can still catch OutOfRange and friends. Other exceptions pass unchanged.
+// Rethrows `error` with "node '...' (recorded at ...): " in front of its message when it is a
+// flowlet::Error (any subclass, type kept: Error::locate), so callers can still catch OutOfRange and
+// friends. Other exceptions pass unchanged.
 [[noreturn]] void rethrow_from_node(const std::exception_ptr& error, const Node& node);
 
 }  // namespace flowlet::detail

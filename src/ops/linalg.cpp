@@ -260,7 +260,7 @@ void matmul_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor>
 
 }  // namespace
 
-Op matmul_op{"matmul", 2, 2, kNoFlags, &matmul_infer, {&matmul_kernel, nullptr}, &matmul_grad};
+Op matmul_op{"matmul", 2, 2, kContraction, &matmul_infer, {&matmul_kernel, nullptr}, &matmul_grad};
 
 void add_linalg_ops(std::vector<Op*>& ops) { ops.push_back(&matmul_op); }
 

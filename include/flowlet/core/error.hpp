@@ -1,8 +1,11 @@
 // The exception hierarchy every public entry point throws: one base, one subclass per kind of misuse.
 #pragma once
 
+#include <atomic>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace flowlet {
 
@@ -10,6 +13,39 @@ namespace flowlet {
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  Error(const Error& other) noexcept : std::runtime_error(other) { copy_location(other); }
+  Error& operator=(const Error& other) noexcept {
+    std::runtime_error::operator=(other);
+    copy_location(other);
+    return *this;
+  }
+  ~Error() override = default;
+
+  const char* what() const noexcept override {
+    return located_ready_.load(std::memory_order_acquire) ? located_->c_str() : std::runtime_error::what();
+  }
+
+  // Puts where the error happened in front of its message ("node 'mul_3' (traced at f.cpp:12): "),
+  // keeping the exception's type, so every subclass gets it without being named anywhere. The first
+  // place wins: an error object that several graph steps rethrow (a queue closed with an error)
+  // keeps the node that raised it first, and no call changes a message another thread may be reading.
+  void locate(std::string_view where) {
+    if (located_claimed_.exchange(true, std::memory_order_acq_rel)) return;
+    located_ = std::make_shared<const std::string>(std::string(where) + ": " + std::runtime_error::what());
+    located_ready_.store(true, std::memory_order_release);
+  }
+
+ private:
+  void copy_location(const Error& other) noexcept {
+    const bool ready = other.located_ready_.load(std::memory_order_acquire);
+    located_ = ready ? other.located_ : nullptr;
+    located_claimed_.store(ready, std::memory_order_relaxed);
+    located_ready_.store(ready, std::memory_order_release);
+  }
+
+  std::shared_ptr<const std::string> located_;  // the message with its location, once located
+  std::atomic<bool> located_claimed_{false};
+  std::atomic<bool> located_ready_{false};
 };
 // Shapes that do not fit the op (rank, broadcast, mismatched dimensions, negative sizes).
 class ShapeError : public Error {
