@@ -42,6 +42,7 @@
 
 #include "flowlet/core/tensor.hpp"
 #include "flowlet/graph.hpp"
+#include "flowlet/run_info.hpp"
 
 namespace flowlet {
 
@@ -65,22 +66,6 @@ struct TraceOptions {
   // Replay a graph that runs wholly on one GPU as a CUDA Graph: one launch per call instead of one
   // per op (see cuda_graph_info(); FLOWLET_CUDA_GRAPHS=0 turns it off for the whole process).
   bool cuda_graphs = true;
-};
-
-// Whether the last call's graph ran as a CUDA Graph, and if not, why.
-struct CudaGraphInfo {
-  bool captured = false;  // the graph is recorded and the last call replayed it
-  int64_t replays = 0;    // calls that replayed it so far
-  int recordings = 0;     // times it was recorded (again after a variable changed its buffer)
-  std::string why_not;    // "" when captured (or to be recorded at the next call)
-};
-
-// What the last call moved between devices: its graph is cut into one partition per device, and
-// every edge between two partitions is a Send/Recv pair (zero-copy between logical CPU devices,
-// which share memory; `bytes` counts the tensors' sizes all the same).
-struct TransferStats {
-  int64_t transfers = 0;  // Send/Recv pairs that ran, control-only pairs included
-  int64_t bytes = 0;      // bytes of the tensors they carried
 };
 
 // The state of a traced function's graph cache (TracedFunction::cache_stats()).

@@ -1,7 +1,8 @@
 // Text form of tensors: nested brackets, abbreviated past 1000 elements, then shape and dtype.
 #include <string>
 
-#include "kernels/dtypes.hpp"
+#include "core/check.hpp"
+#include "core/dtype_visit.hpp"
 
 namespace flowlet {
 namespace {

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include <fmt/format.h>
+
 #include "runtime/rendezvous.hpp"
 #include "runtime/thread_pool.hpp"
 

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
-#include "flowlet/trace.hpp"
+#include "flowlet/run_info.hpp"
 #include "runtime/step_context.hpp"
 
 namespace flowlet {

@@ -1,5 +1,5 @@
 // Dtype checks for op rules on the host: DTypeError naming the op and the dtypes it supports. The
-// dtype sets, the visitor and the conversions themselves are in kernels/dtype_visit.hpp.
+// dtype sets, the visitor and the conversions themselves are in core/dtype_visit.hpp.
 #pragma once
 
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "core/check.hpp"
-#include "kernels/dtype_visit.hpp"
+#include "core/dtype_visit.hpp"
 
 namespace flowlet::detail {
 

@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/dtype_visit.hpp"
-#include "kernels/host_device.hpp"
+#include "core/dtype_visit.hpp"
+#include "core/host_device.hpp"
 
 namespace flowlet::detail {
 

@@ -8,7 +8,7 @@
 
 // The same functions run in CUDA kernels (src/cuda/kernels/creation.cu), so that a seed gives the
 // same stream on every device.
-#include "kernels/host_device.hpp"
+#include "core/host_device.hpp"
 
 namespace flowlet::detail {
 

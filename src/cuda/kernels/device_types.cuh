@@ -1,6 +1,6 @@
 // Device-side element types: how each dtype is loaded, computed on and stored (f16 and bf16 are
 // storage types computed in float, as on the CPU), on top of the one dtype visitor and the value
-// conversions that the CPU kernels use too (kernels/dtype_visit.hpp).
+// conversions that the CPU kernels use too (core/dtype_visit.hpp).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,7 +11,7 @@
 
 #include "cuda/check.hpp"
 #include "cuda/kernels/launch.hpp"
-#include "kernels/dtype_visit.hpp"
+#include "core/dtype_visit.hpp"
 
 namespace flowlet::detail::cuda {
 
@@ -31,7 +31,7 @@ struct Element<bf16_t> {
   static __device__ void store(bf16_t* p, float v) { p->bits = __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 };
 
-// f(TypeTag<T>{}) for the storage type of `type` (kernels/dtype_visit.hpp's visitor); only the
+// f(TypeTag<T>{}) for the storage type of `type` (core/dtype_visit.hpp's visitor); only the
 // types in `Allowed` are instantiated, and the error for any other names `kernel`.
 template <DTypeSet Allowed, class F>
 void visit_type(const char* kernel, ElementType type, F&& f) {

@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "flowlet/core/dtype.hpp"
-#include "kernels/host_device.hpp"
+#include "core/host_device.hpp"
 
 namespace flowlet::detail {
 
