@@ -175,9 +175,12 @@ IdxFile read_idx(const Reader& reader, const std::string& path, uint32_t magic, 
         "{}: {} is truncated; got a {}-byte gzip file, which inflates to at most {} bytes, but its header declares {} "
         "data bytes ({})",
         reader.op, path, stream.file_bytes(), stream.max_inflated_bytes(), count, fmt::join(idx.dims, " x "));
+  if (!stream.compressed() && header_bytes + count > stream.file_bytes())
+    fail<InvalidArgument>("{}: {} is truncated; got {} of {} data bytes ({})", reader.op, path,
+                          stream.file_bytes() - header_bytes, count, fmt::join(idx.dims, " x "));
 
-  // Grow while reading, so that a plain file declaring more data than it holds reports truncation
-  // instead of allocating it all up front, and a real but huge file fails where memory runs out.
+  // Grow while reading, so that a gzip stream shorter than its header declares reports truncation
+  // without allocating it all up front, and a real but huge file fails where memory runs out.
   constexpr size_t kStep = size_t{64} << 20;
   size_t have = 0;
   while (have < count) {
