@@ -38,10 +38,27 @@ struct GzClose {
 };
 using GzFile = std::unique_ptr<gzFile_s, GzClose>;
 
+// Leaves the bytes that resize() adds uninitialized: the reader overwrites them, and zero-filling a
+// buffer sized from a header costs as much as the data, which a hostile file never sends.
+template <class T>
+struct UninitializedAllocator : std::allocator<T> {
+  UninitializedAllocator() = default;
+  template <class U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
 // One IDX file read whole: its dimensions and its data bytes.
 struct IdxFile {
   std::vector<uint32_t> dims;
-  std::vector<uint8_t> data;
+  std::vector<uint8_t, UninitializedAllocator<uint8_t>> data;
 };
 
 // Who is reading, for messages: the public function's name and what to add when a file is missing.
