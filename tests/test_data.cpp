@@ -426,6 +426,27 @@ TEST_CASE("a gzip bomb is refused from its header before anything is allocated")
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(200));
 }
 
+TEST_CASE("dimensions whose product overflows are refused, also when the example count is 0") {
+  TempDir dir;
+  write_plain(dir.file("labels"), idx_bytes(kLabelsMagic, {0}, {}));
+  // Found by the idx_reader fuzzer: 0 images of 2887305584 x 4252958720 pixels (the product wraps int64).
+  for (const std::vector<uint32_t>& dims : std::vector<std::vector<uint32_t>>{
+           {0, 2887305584u, 4252958720u}, {4294967295u, 4294967295u, 4294967295u}, {0, 0, 4294967295u}}) {
+    write_plain(dir.file("images"), idx_bytes(kImagesMagic, dims, {}));
+    const bool overflows = dims[2] != 4294967295u || dims[0] != 0;
+    if (!overflows) {  // 0 x 0 x 4294967295 holds no element and nothing overflows
+      CHECK(fl::data::load_idx_images_and_labels(dir.file("images"), dir.file("labels")).images.shape() ==
+            fl::Shape{0, 0});
+      continue;
+    }
+    check_op_throws<fl::InvalidArgument>(
+        "load_idx_images_and_labels",
+        [&] { fl::data::load_idx_images_and_labels(dir.file("images"), dir.file("labels")); },
+        {dir.file("images"), "declares too many elements",
+         fmt::format("got dimensions {} x {}", dims[0], dims[1])});  // up to the one that overflows
+  }
+}
+
 TEST_CASE("a FIFO given as an IDX file is refused at once instead of waiting for a writer") {
   TempDir dir;
   write_gzip(dir.file("labels.gz"), idx_bytes(kLabelsMagic, {1}, {0}));

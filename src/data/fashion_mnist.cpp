@@ -177,13 +177,18 @@ IdxFile read_idx(const Reader& reader, const std::string& path, uint32_t magic, 
                           reader.op, path, found, magic, kind);
   stream.read_exact(header.data() + 4, header_bytes - 4, "header");
 
+  // The product of the nonzero dimensions must fit, not just the element count: with 0 examples
+  // the count is 0 whatever the image size, but rows * cols still becomes a tensor dimension.
+  // Bounded by INT64_MAX / 8 so that the largest output (i64 labels, f32 pixels) has a byte size.
   IdxFile idx;
-  uint64_t count = 1;
+  uint64_t count = 1, nonzero = 1;
   for (size_t k = 0; k < rank; ++k) {
-    idx.dims.push_back(big_endian_u32(header.data() + 4 + 4 * k));
-    if (__builtin_mul_overflow(count, uint64_t{idx.dims.back()}, &count) || count > uint64_t{INT64_MAX})
+    const uint32_t dim = big_endian_u32(header.data() + 4 + 4 * k);
+    idx.dims.push_back(dim);
+    if (dim != 0 && (__builtin_mul_overflow(nonzero, uint64_t{dim}, &nonzero) || nonzero > uint64_t{INT64_MAX} / 8))
       fail<InvalidArgument>("{}: {} declares too many elements; got dimensions {}", reader.op, path,
                             fmt::join(idx.dims, " x "));
+    count *= dim;  // 0, or the checked `nonzero`
   }
 
   // A gzip bomb, or a header declaring more than the file can hold, stops here, before any allocation.
