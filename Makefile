@@ -5,6 +5,9 @@ DEPS := meson ninja-build pkg-config xtensor-dev xtl-dev libxsimd-dev libfmt-dev
         doctest-dev libopenblas-dev ccache g++ python3 gzip zlib1g-dev
 DEMO_PACKAGES := dataset-fashion-mnist
 BENCH_PACKAGES := libtorch-dev
+# libFuzzer ships in clang's runtime package (libclang_rt.fuzzer-x86_64.a).
+FUZZ_PACKAGES := clang libclang-rt-14-dev
+FUZZ_SECONDS ?= 30
 
 RELEASE := build/release
 RELEASE_OPTIONS := --buildtype=release -Db_ndebug=if-release
@@ -24,7 +27,7 @@ comma := ,
 configure = test -f $(1)/meson-private/coredata.dat || meson setup $(1) $(2)
 
 .DEFAULT_GOAL := build
-.PHONY: build deps test demo bench asan tsan clean
+.PHONY: build deps test demo bench asan tsan fuzz clean
 
 deps:
 	@bash scripts/install_deps.sh $(DEPS)
@@ -58,6 +61,16 @@ asan: deps
 tsan: deps
 	@$(call configure,build/tsan,-Db_sanitize=thread $(SANITIZER_OPTIONS))
 	@TSAN_OPTIONS=second_deadlock_stack=1 bash scripts/run_tests.sh build/tsan 5
+
+# libFuzzer targets (tests/fuzz) under ASan and UBSan, each run FUZZ_SECONDS on its seed corpus.
+# Tests off: the targets need only the library, and clang 14 lacks the std::source_location the
+# test helpers use with libstdc++ 12.
+fuzz: deps
+	@bash scripts/install_deps.sh $(FUZZ_PACKAGES)
+	@test -f build/fuzz/meson-private/coredata.dat || CC=clang CXX=clang++ meson setup build/fuzz -Dfuzz=enabled \
+	  -Dtests=false -Db_sanitize=address$(comma)undefined $(SANITIZER_OPTIONS)
+	@meson compile -C build/fuzz
+	@bash scripts/run_fuzzers.sh build/fuzz $(FUZZ_SECONDS)
 
 clean:
 	rm -rf build

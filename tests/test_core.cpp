@@ -281,6 +281,19 @@ TEST_CASE("Device rejects malformed specs with DeviceError naming the spec") {
   check_throws<fl::DeviceError>([] { fl::Device d(""); });
 }
 
+TEST_CASE("Device errors quote a long or binary spec cut to its first 64 bytes with its length") {
+  const std::string huge = "gpu" + std::string(1 << 20, 'x');
+  std::string message;
+  try {
+    fl::Device d(huge);
+  } catch (const fl::DeviceError& e) {
+    message = e.what();
+  }
+  CHECK(message.size() < 300);
+  CHECK(message.find("'gpu" + std::string(61, 'x') + "... (1048579 bytes)'") != std::string::npos);
+  check_throws<fl::DeviceError>([] { fl::Device d(std::string("cpu:1\0\n", 7)); }, {"'cpu:1\\x00\\x0a'"});
+}
+
 TEST_CASE("only cpu:0 exists by default") {
   CHECK(fl::device_count(fl::DeviceKind::cpu) == 1);
   CHECK_NOTHROW(fl::check_device_exists("zeros", fl::Device("cpu")));

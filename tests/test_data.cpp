@@ -1,5 +1,6 @@
-// Datasets: the IDX reader on gzip and plain fixtures written here, its errors, Fashion-MNIST's file
-// names and checks, Batches (every example once per epoch, deterministic orders), and the real files.
+// Datasets: the IDX reader on gzip and plain fixtures written here, its errors (hostile files and paths
+// included), Fashion-MNIST's file names and checks, Batches (every example once per epoch,
+// deterministic orders, extreme batch sizes), and the real files.
 #include <stdlib.h>
 #include <zlib.h>
 
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/fifo_watchdog.hpp"
 #include "support/reference.hpp"
 
 namespace fs = std::filesystem;
@@ -257,12 +259,23 @@ TEST_CASE("truncated files are InvalidArgument naming the file and how much was 
           {dir.file("images.gz"), "truncated"});
     }
   }
-  SUBCASE("a header that declares far more data than the file holds") {
+  SUBCASE("a gzip header that declares far more data than the file can inflate to") {
     write_gzip(dir.file("images.gz"), idx_bytes(kImagesMagic, {4000000000u, 28, 28}, pixel_pattern(100)));
+    const auto compressed_bytes = fs::file_size(dir.file("images.gz"));
     check_op_throws<fl::InvalidArgument>(
         "load_idx_images_and_labels",
         [&] { fl::data::load_idx_images_and_labels(dir.file("images.gz"), dir.file("labels.gz")); },
-        {dir.file("images.gz"), "truncated", "got 100 of 3136000000000 data bytes"});
+        {dir.file("images.gz"), "truncated",
+         fmt::format("got a {}-byte gzip file, which inflates to at most {} bytes", compressed_bytes,
+                     compressed_bytes * 1032),
+         "declares 3136000000000 data bytes (4000000000 x 28 x 28)"});
+  }
+  SUBCASE("a plain header that declares far more data than the file holds") {
+    write_plain(dir.file("images"), idx_bytes(kImagesMagic, {4000000000u, 28, 28}, pixel_pattern(100)));
+    check_op_throws<fl::InvalidArgument>(
+        "load_idx_images_and_labels",
+        [&] { fl::data::load_idx_images_and_labels(dir.file("images"), dir.file("labels.gz")); },
+        {dir.file("images"), "truncated", "got 100 of 3136000000000 data bytes"});
   }
 }
 
@@ -395,6 +408,96 @@ TEST_CASE("Batches rejects bad arguments") {
   Batches batches(d, 2, 1);
   check_op_throws<fl::OutOfRange>("Batches", [&] { (void)batches[3]; }, {"batch index out of range", "got 3 with 3"});
   check_op_throws<fl::OutOfRange>("Batches", [&] { (void)batches[-1]; }, {"got -1"});
+}
+
+TEST_CASE("a gzip bomb is refused from its header before anything is allocated") {
+  TempDir dir;
+  write_gzip(dir.file("labels.gz"), idx_bytes(kLabelsMagic, {1}, {0}));
+  // 16 MiB of zeros compress about 1000-fold; the header claims 2^40 bytes, far beyond what it can inflate to.
+  write_gzip(dir.file("bomb.gz"), idx_bytes(kImagesMagic, {1u << 20, 1u << 10, 1u << 10}, std::vector<uint8_t>(16 << 20)));
+  const auto compressed_bytes = fs::file_size(dir.file("bomb.gz"));
+  CHECK(compressed_bytes < (16u << 20) / 500);
+  const auto start = std::chrono::steady_clock::now();
+  check_op_throws<fl::InvalidArgument>(
+      "load_idx_images_and_labels",
+      [&] { fl::data::load_idx_images_and_labels(dir.file("bomb.gz"), dir.file("labels.gz")); },
+      {dir.file("bomb.gz"), fmt::format("{}-byte gzip file", compressed_bytes), "declares 1099511627776 data bytes"});
+  // Refused before inflating anything: far faster than inflating the 16 MiB that are there.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(200));
+}
+
+TEST_CASE("dimensions whose product overflows are refused, also when the example count is 0") {
+  TempDir dir;
+  write_plain(dir.file("labels"), idx_bytes(kLabelsMagic, {0}, {}));
+  // Found by the idx_reader fuzzer: 0 images of 2887305584 x 4252958720 pixels (the product wraps int64).
+  for (const std::vector<uint32_t>& dims : std::vector<std::vector<uint32_t>>{
+           {0, 2887305584u, 4252958720u}, {4294967295u, 4294967295u, 4294967295u}, {0, 0, 4294967295u}}) {
+    write_plain(dir.file("images"), idx_bytes(kImagesMagic, dims, {}));
+    const bool overflows = dims[2] != 4294967295u || dims[0] != 0;
+    if (!overflows) {  // 0 x 0 x 4294967295 holds no element and nothing overflows
+      CHECK(fl::data::load_idx_images_and_labels(dir.file("images"), dir.file("labels")).images.shape() ==
+            fl::Shape{0, 0});
+      continue;
+    }
+    check_op_throws<fl::InvalidArgument>(
+        "load_idx_images_and_labels",
+        [&] { fl::data::load_idx_images_and_labels(dir.file("images"), dir.file("labels")); },
+        {dir.file("images"), "declares too many elements",
+         fmt::format("got dimensions {} x {}", dims[0], dims[1])});  // up to the one that overflows
+  }
+}
+
+TEST_CASE("a FIFO given as an IDX file is refused at once instead of waiting for a writer") {
+  TempDir dir;
+  write_gzip(dir.file("labels.gz"), idx_bytes(kLabelsMagic, {1}, {0}));
+  const std::string fifo = dir.file("images.gz");
+  test::make_fifo(fifo);
+  CHECK(test::returns_without_blocking_on(fifo, [&] {
+    check_op_throws<fl::InvalidArgument>("load_idx_images_and_labels",
+                                         [&] { fl::data::load_idx_images_and_labels(fifo, dir.file("labels.gz")); },
+                                         {fifo, "not a regular file", "got a FIFO"});
+  }));
+  // A directory is no IDX file either.
+  check_op_throws<fl::InvalidArgument>(
+      "load_idx_images_and_labels", [&] { fl::data::load_idx_images_and_labels(dir.str(), dir.file("labels.gz")); },
+      {dir.str(), "got a directory"});
+}
+
+TEST_CASE("a path or directory with a NUL byte is rejected instead of naming a shorter file") {
+  TempDir dir;
+  write_gzip(dir.file("images.gz"), idx_bytes(kImagesMagic, {1, 2, 2}, pixel_pattern(4)));
+  write_gzip(dir.file("labels.gz"), idx_bytes(kLabelsMagic, {1}, {0}));
+  const std::string images_with_nul = dir.file("images.gz") + std::string("\0.bak", 5);  // C would open images.gz
+  check_op_throws<fl::InvalidArgument>(
+      "load_idx_images_and_labels",
+      [&] { fl::data::load_idx_images_and_labels(images_with_nul, dir.file("labels.gz")); },
+      {"path contains a NUL byte at offset " + std::to_string(dir.file("images.gz").size()), "\\x00.bak"});
+  check_op_throws<fl::InvalidArgument>(
+      "load_idx_images_and_labels",
+      [&] { fl::data::load_idx_images_and_labels(dir.file("images.gz"), dir.file("labels.gz") + '\0'); },
+      {"NUL byte"});
+  write_fashion_split(dir, "train", 2, true, {1, 2});
+  check_op_throws<fl::InvalidArgument>(
+      "load_fashion_mnist", [&] { fl::data::load_fashion_mnist("train", dir.str() + std::string("\0/elsewhere", 11)); },
+      {"directory contains a NUL byte"});
+  CHECK(fl::data::load_fashion_mnist("train", dir.str()).labels.shape() == fl::Shape{2});
+}
+
+TEST_CASE("Batches counts batches exactly for batch sizes up to INT64_MAX") {
+  const Dataset d = indexed_dataset(5);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const int64_t batch_size : {int64_t{5}, int64_t{6}, kMax / 2, kMax - 1, kMax}) {
+    CAPTURE(batch_size);
+    const Batches all(d, batch_size, 1);
+    CHECK(all.size() == 1);
+    CHECK(all[0].labels.shape() == fl::Shape{5});
+    CHECK(Batches(d, batch_size, 1, /*drop_last=*/true).size() == (batch_size == 5 ? 1 : 0));
+  }
+  CHECK(Batches(d, 2, 1).size() == 3);
+  CHECK(Batches(d, 2, 1, true).size() == 2);
+  CHECK(Batches(d, 1, 1).size() == 5);
+  // An empty dataset has no batch, whatever the size.
+  CHECK(Batches(indexed_dataset(0), kMax, 1).size() == 0);
 }
 
 TEST_CASE("the installed Fashion-MNIST loads with the expected sizes, labels and pixel range") {

@@ -476,6 +476,16 @@ TEST_CASE("optimize runs the passes in order and leaves a compact graph") {
   CHECK(b.graph.outputs() == std::vector<ValueRef>{{4, 0}, {0, 0}});
 }
 
+TEST_CASE("optimize rejects a dump folder with a NUL byte instead of writing to a shorter path") {
+  fl::detail::PassOptions options;
+  options.dump_dir = std::string("/tmp/flowlet_dump\0/elsewhere", 28);
+  Builder b;
+  const ValueRef x = b.arg(fl::Shape{3});
+  b.graph.set_outputs({b.op("neg", {x}, kVec3)});
+  check_throws<fl::InvalidArgument>([&] { fl::detail::optimize(b.graph, options); },
+                                    {"optimize: the graph dump folder contains a NUL byte at offset 17"});
+}
+
 TEST_CASE("optimize writes DOT and JSON before and after every pass into the dump folder") {
   const auto dir = std::filesystem::temp_directory_path() /
                    fmt::format("flowlet_test_graph_{}", std::chrono::steady_clock::now().time_since_epoch().count());

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flowlet/variable.hpp"
@@ -22,11 +23,13 @@ namespace flowlet {
 //
 // Saving is atomic: it writes `path.tmp.<pid>.<n>` in the same directory, fsyncs it, renames it over
 // `path` and fsyncs the directory, so a crash at any moment leaves the previous file (or none) at
-// `path`. Names must be non-empty, valid UTF-8, unique and not `__metadata__` (InvalidArgument).
+// `path`. Names must be non-empty, valid UTF-8, unique and not `__metadata__`, and `path` must hold
+// no NUL byte (InvalidArgument).
 void save_checkpoint(std::string path, std::vector<Variable> vars, int64_t step);
 
 // Restores every variable in `vars` (by name; the file may hold more) and returns the saved step.
-// Everything is checked before any variable changes: a missing, truncated or corrupt file
+// Everything is checked before any variable changes: a path holding a NUL byte, a missing file, one
+// that is not a regular file (a FIFO is refused without waiting for a writer), a truncated or corrupt file
 // (bad header, offsets or checksum) is InvalidArgument; a variable that is absent is
 // InvalidArgument, one saved with another dtype DTypeError, another shape ShapeError. Each
 // message names the file and, where there is one, the variable. On any error no variable changes.
@@ -41,16 +44,22 @@ int64_t restore_checkpoint(std::string path, std::vector<Variable> vars);
 //   }
 //
 // Files are `<directory>/<prefix>-<step, 6+ digits>.safetensors`; the directory is created on the
-// first save. Checkpoints are ordered by step, and after each save all but the `max_to_keep`
-// highest steps are deleted. The manager keeps no state of its own (it lists the directory), so a
-// new manager over the same directory sees earlier checkpoints. Not safe for concurrent saves
-// from several threads or processes into the same directory.
+// first save. The manager keeps no state of its own (it lists the directory on every call), so a
+// new manager over the same directory sees earlier checkpoints. The rules (docs/SEMANTICS.md):
+//  - the newest save is always the latest: saving step s renames every checkpoint with a step
+//    >= s (a run rolled back to an older checkpoint and trained again) to `<its name>.superseded`,
+//    out of the manager's sight but still on disk for restore_checkpoint;
+//  - then all but the `max_to_keep` highest steps are deleted; never the file just written;
+//  - a directory that does not exist holds no checkpoint; one that cannot be listed (permissions,
+//    not a directory) is InvalidArgument from every call, never "no checkpoint".
+// Not safe for concurrent saves from several threads or processes into the same directory.
 class CheckpointManager {
  public:
-  // InvalidArgument unless max_to_keep >= 1 and prefix is non-empty without '/'.
+  // InvalidArgument unless max_to_keep >= 1, prefix is non-empty without '/', and neither holds a NUL.
   explicit CheckpointManager(std::string directory, int max_to_keep = 5, std::string prefix = "ckpt");
 
-  // Saves to the file for `step` (InvalidArgument when step < 0) and returns its path.
+  // Saves to the file for `step` (InvalidArgument when step < 0) and returns its path, which
+  // latest() returns next.
   std::string save(const std::vector<Variable>& vars, int64_t step);
   // The path of the checkpoint with the highest step, if any.
   std::optional<std::string> latest() const;
@@ -63,6 +72,8 @@ class CheckpointManager {
 
  private:
   std::string path_for(int64_t step) const;
+  // (step, path) of every checkpoint, lowest step first.
+  std::vector<std::pair<int64_t, std::string>> list() const;
 
   std::string directory_;
   int max_to_keep_;

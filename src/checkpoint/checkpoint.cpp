@@ -24,6 +24,7 @@
 
 #include "checkpoint/header_json.hpp"
 #include "core/check.hpp"
+#include "core/user_text.hpp"
 
 namespace flowlet {
 
@@ -358,6 +359,7 @@ std::atomic<uint64_t> g_save_counter{0};
 }  // namespace
 
 void save_checkpoint(std::string path, std::vector<Variable> vars, int64_t step) {
+  detail::check_path(kSave, "path", path);
   check_names(kSave, vars);
   // Snapshot every value first (a consistent set even if another thread updates a variable later).
   std::vector<Tensor> values;
@@ -412,13 +414,19 @@ void save_checkpoint(std::string path, std::vector<Variable> vars, int64_t step)
 }
 
 int64_t restore_checkpoint(std::string path, std::vector<Variable> vars) {
+  detail::check_path(kRestore, "path", path);
   check_names(kRestore, vars);
-  Fd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. The type is
+  // checked on the open descriptor, so the file cannot be swapped between the check and the reads.
+  Fd file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (file.fd < 0) detail::fail<InvalidArgument>("{}: cannot open '{}': {}", kRestore, path, errno_text(errno));
   struct stat info {};
   if (::fstat(file.fd, &info) != 0)
     detail::fail<InvalidArgument>("{}: cannot stat '{}': {}", kRestore, path, errno_text(errno));
-  if (!S_ISREG(info.st_mode)) detail::fail<InvalidArgument>("{}: '{}' is not a regular file", kRestore, path);
+  if (!S_ISREG(info.st_mode)) {
+    detail::fail<InvalidArgument>("{}: '{}' is not a regular file; got a {}; checkpoints are regular files", kRestore,
+                                  path, detail::file_type_name(info.st_mode));
+  }
   const Header header = read_header(file.fd, static_cast<uint64_t>(info.st_size), path);
 
   // Match every requested variable before reading the data.

@@ -2,8 +2,10 @@
 #include "checkpoint/header_json.hpp"
 
 #include <limits>
+#include <unordered_set>
 
 #include "core/check.hpp"
+#include "core/user_text.hpp"
 
 namespace flowlet::checkpoint {
 
@@ -113,14 +115,16 @@ class Parser {
       ++pos_;
       return value;
     }
+    // Hashed, so that checking n keys for duplicates costs O(n) (a scan per key made 40,000 keys take 21 s).
+    std::unordered_set<std::string> keys;
     while (true) {
       skip_whitespace();
       if (peek() != '"') error("expected a string key");
       const size_t key_pos = pos_;
       std::string key = parse_string().string;
-      if (value.find(key) != nullptr) {
+      if (!keys.insert(key).second) {
         pos_ = key_pos;
-        error(fmt::format("duplicate key \"{}\"", key));
+        error(fmt::format("duplicate key \"{}\"", detail::excerpt(key)));
       }
       skip_whitespace();
       expect(':');

@@ -11,6 +11,15 @@
 namespace flowlet::checkpoint {
 
 struct JsonValue {
+  // Declared here and defaulted after the class: `members` holds JsonValues, and clang with
+  // libstdc++ rejects special members implied while the class is still incomplete.
+  JsonValue();
+  JsonValue(const JsonValue&);
+  JsonValue(JsonValue&&) noexcept;
+  JsonValue& operator=(const JsonValue&);
+  JsonValue& operator=(JsonValue&&) noexcept;
+  ~JsonValue();
+
   enum class Kind { object, string, integer, array };
   Kind kind = Kind::integer;
   std::string string;                                      // decoded (escapes resolved); Kind::string
@@ -19,13 +28,23 @@ struct JsonValue {
   std::vector<int64_t> array;                              // Kind::array (integers only)
   std::vector<std::pair<std::string, JsonValue>> members;  // Kind::object, in file order, keys unique
 
-  const JsonValue* find(std::string_view key) const {
-    for (const auto& [name, value] : members) {
-      if (name == key) return &value;
-    }
-    return nullptr;
-  }
+  // The member named `key` of an object, or nullptr. Linear: for the few lookups of known keys.
+  const JsonValue* find(std::string_view key) const;
 };
+
+inline JsonValue::JsonValue() = default;
+inline JsonValue::JsonValue(const JsonValue&) = default;
+inline JsonValue::JsonValue(JsonValue&&) noexcept = default;
+inline JsonValue& JsonValue::operator=(const JsonValue&) = default;
+inline JsonValue& JsonValue::operator=(JsonValue&&) noexcept = default;
+inline JsonValue::~JsonValue() = default;
+
+inline const JsonValue* JsonValue::find(std::string_view key) const {
+  for (const auto& [name, value] : members) {
+    if (name == key) return &value;
+  }
+  return nullptr;
+}
 
 // Parses `text`: one JSON value, optionally followed by whitespace (the header's padding), nothing else.
 // Rejects floats, true/false/null, duplicate keys, invalid UTF-8, raw control characters in strings,

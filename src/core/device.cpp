@@ -7,6 +7,7 @@
 #include "core/allocator.hpp"
 #include "core/backend.hpp"
 #include "core/check.hpp"
+#include "core/user_text.hpp"
 
 namespace flowlet {
 namespace {
@@ -32,14 +33,14 @@ Device::Device(std::string_view spec) {
     kind_ = DeviceKind::cuda;
   } else {
     detail::fail<DeviceError>(
-        "device: unknown device '{}'; expected 'cpu', 'cpu:N', 'cuda' or 'cuda:N'", spec);
+        "device: unknown device '{}'; expected 'cpu', 'cpu:N', 'cuda' or 'cuda:N'", detail::excerpt(spec));
   }
   index_ = 0;
   if (colon != std::string_view::npos) {
     const std::string_view digits = spec.substr(colon + 1);
     const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), index_);
     if (digits.empty() || error != std::errc() || end != digits.data() + digits.size() || index_ < 0) {
-      detail::fail<DeviceError>("device: bad device index in '{}'; expected a number >= 0", spec);
+      detail::fail<DeviceError>("device: bad device index in '{}'; expected a number >= 0", detail::excerpt(spec));
     }
   }
 }

@@ -1,6 +1,9 @@
 // The IDX reader (gzip through zlib, or plain), Fashion-MNIST's file names and checks, and Batches.
 #include "flowlet/data/fashion_mnist.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -9,10 +12,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <new>
 #include <system_error>
 #include <utility>
 
 #include "core/check.hpp"
+#include "core/user_text.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "flowlet/ops/shape.hpp"
 
@@ -24,16 +29,36 @@ using detail::fail;
 constexpr uint32_t kImagesMagic = 0x00000803;  // unsigned bytes, rank 3
 constexpr uint32_t kLabelsMagic = 0x00000801;  // unsigned bytes, rank 1
 constexpr std::string_view kInstallHint = "install it with: apt-get install dataset-fashion-mnist";
+// Deflate's largest expansion: a 258-byte match coded in 2 bits. No gzip file of n bytes inflates
+// to more than n * 1032 bytes, so a header declaring more is refused before anything is allocated.
+constexpr uint64_t kMaxInflateRatio = 1032;
 
 struct GzClose {
   void operator()(gzFile_s* file) const { gzclose(file); }
 };
 using GzFile = std::unique_ptr<gzFile_s, GzClose>;
 
+// Leaves the bytes that resize() adds uninitialized: the reader overwrites them, and zero-filling a
+// buffer sized from a header costs as much as the data, which a hostile file never sends.
+template <class T>
+struct UninitializedAllocator : std::allocator<T> {
+  UninitializedAllocator() = default;
+  template <class U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
 // One IDX file read whole: its dimensions and its data bytes.
 struct IdxFile {
   std::vector<uint32_t> dims;
-  std::vector<uint8_t> data;
+  std::vector<uint8_t, UninitializedAllocator<uint8_t>> data;
 };
 
 // Who is reading, for messages: the public function's name and what to add when a file is missing.
@@ -45,14 +70,41 @@ struct Reader {
 class IdxStream {
  public:
   IdxStream(const Reader& reader, const std::string& path) : reader_(reader), path_(path) {
-    errno = 0;
-    file_.reset(gzopen(path.c_str(), "rb"));
-    if (!file_) {
-      const std::string reason = errno != 0 ? std::generic_category().message(errno) : "out of memory";
+    detail::check_path(reader.op, "path", path);
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. The type is
+    // checked on the open descriptor (no window to swap the file), which zlib then reads.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      const std::string reason = std::generic_category().message(errno);
       if (reader.missing_hint.empty()) fail<InvalidArgument>("{}: cannot open {} ({})", reader.op, path, reason);
       fail<InvalidArgument>("{}: cannot open {} ({}); {}", reader.op, path, reason, reader.missing_hint);
     }
+    struct stat info {};
+    if (::fstat(fd, &info) != 0) {
+      const std::string reason = std::generic_category().message(errno);
+      ::close(fd);
+      fail<InvalidArgument>("{}: cannot stat {} ({})", reader.op, path, reason);
+    }
+    if (!S_ISREG(info.st_mode)) {
+      ::close(fd);
+      fail<InvalidArgument>("{}: {} is not a regular file; got a {}; IDX files are regular files", reader.op, path,
+                            detail::file_type_name(info.st_mode));
+    }
+    file_bytes_ = static_cast<uint64_t>(info.st_size);
+    file_.reset(gzdopen(fd, "rb"));  // gzclose closes fd from here on; a failed gzdopen leaves it open
+    if (!file_) {
+      ::close(fd);
+      fail<InvalidArgument>("{}: cannot open {} (out of memory)", reader.op, path);
+    }
     gzbuffer(file_.get(), 1 << 18);  // larger than the 8 KiB default: fewer read calls, faster inflate
+  }
+
+  // Whether the file is gzip (rather than plain); known once something was read.
+  bool compressed() { return gzdirect(file_.get()) == 0; }
+  uint64_t file_bytes() const { return file_bytes_; }
+  // The most bytes a gzip file of this size can inflate to.
+  uint64_t max_inflated_bytes() const {
+    return file_bytes_ > UINT64_MAX / kMaxInflateRatio ? UINT64_MAX : file_bytes_ * kMaxInflateRatio;
   }
 
   // Reads up to `count` bytes at `destination`; returns how many there were before the end of the data.
@@ -103,6 +155,7 @@ class IdxStream {
   const Reader& reader_;
   const std::string& path_;
   GzFile file_;
+  uint64_t file_bytes_ = 0;
   bool truncated_stream_ = false;
 };
 
@@ -124,22 +177,43 @@ IdxFile read_idx(const Reader& reader, const std::string& path, uint32_t magic, 
                           reader.op, path, found, magic, kind);
   stream.read_exact(header.data() + 4, header_bytes - 4, "header");
 
+  // The product of the nonzero dimensions must fit, not just the element count: with 0 examples
+  // the count is 0 whatever the image size, but rows * cols still becomes a tensor dimension.
+  // Bounded by INT64_MAX / 8 so that the largest output (i64 labels, f32 pixels) has a byte size.
   IdxFile idx;
-  uint64_t count = 1;
+  uint64_t count = 1, nonzero = 1;
   for (size_t k = 0; k < rank; ++k) {
-    idx.dims.push_back(big_endian_u32(header.data() + 4 + 4 * k));
-    if (__builtin_mul_overflow(count, uint64_t{idx.dims.back()}, &count) || count > uint64_t{INT64_MAX})
+    const uint32_t dim = big_endian_u32(header.data() + 4 + 4 * k);
+    idx.dims.push_back(dim);
+    if (dim != 0 && (__builtin_mul_overflow(nonzero, uint64_t{dim}, &nonzero) || nonzero > uint64_t{INT64_MAX} / 8))
       fail<InvalidArgument>("{}: {} declares too many elements; got dimensions {}", reader.op, path,
                             fmt::join(idx.dims, " x "));
+    count *= dim;  // 0, or the checked `nonzero`
   }
 
-  // Grow while reading, so that a header declaring far more data than the file holds reports
-  // truncation instead of allocating it all up front.
+  // A gzip bomb, or a header declaring more than the file can hold, stops here, before any allocation.
+  if (stream.compressed() && header_bytes + count > stream.max_inflated_bytes())
+    fail<InvalidArgument>(
+        "{}: {} is truncated; got a {}-byte gzip file, which inflates to at most {} bytes, but its header declares {} "
+        "data bytes ({})",
+        reader.op, path, stream.file_bytes(), stream.max_inflated_bytes(), count, fmt::join(idx.dims, " x "));
+  if (!stream.compressed() && header_bytes + count > stream.file_bytes())
+    fail<InvalidArgument>("{}: {} is truncated; got {} of {} data bytes ({})", reader.op, path,
+                          stream.file_bytes() - header_bytes, count, fmt::join(idx.dims, " x "));
+
+  // Grow while reading, so that a gzip stream shorter than its header declares reports truncation
+  // without allocating it all up front, and a real but huge file fails where memory runs out.
   constexpr size_t kStep = size_t{64} << 20;
   size_t have = 0;
   while (have < count) {
     const size_t want = std::min<size_t>(count - have, std::max(kStep, have));
-    idx.data.resize(have + want);
+    try {
+      idx.data.resize(have + want);
+    } catch (const std::bad_alloc&) {
+      fail<InvalidArgument>("{}: out of memory reading {}; got {} of {} data bytes ({}) when {} more could not be "
+                            "allocated",
+                            reader.op, path, have, count, fmt::join(idx.dims, " x "), want);
+    }
     const size_t got = stream.read(idx.data.data() + have, want);
     have += got;
     if (got < want)
@@ -201,6 +275,7 @@ Dataset load_idx_images_and_labels(const std::string& images_path, const std::st
 
 Dataset load_fashion_mnist(std::string_view split, std::string directory) {
   constexpr std::string_view op = "load_fashion_mnist";
+  detail::check_path(op, "directory", directory);
   if (split != "train" && split != "test")
     fail<InvalidArgument>("{}: unknown split; got \"{}\"; use \"train\" or \"test\"", op, split);
   const std::string prefix = split == "train" ? "train" : "t10k";
@@ -239,14 +314,16 @@ Batches::Batches(const Dataset& dataset, int64_t batch_size, uint64_t seed, bool
 
 int64_t Batches::size() const {
   const auto n = static_cast<int64_t>(order_.size());
-  return drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
+  // Not (n + batch_size - 1) / batch_size: that overflows for a batch_size near INT64_MAX.
+  const int64_t full = n / batch_size_;
+  return drop_last_ || n % batch_size_ == 0 ? full : full + 1;
 }
 
 Dataset Batches::operator[](int64_t i) const {
   if (i < 0 || i >= size())
     fail<OutOfRange>("Batches: batch index out of range; got {} with {} batches", i, size());
-  const int64_t begin = i * batch_size_;
-  const int64_t end = std::min<int64_t>(begin + batch_size_, static_cast<int64_t>(order_.size()));
+  const int64_t begin = i * batch_size_;  // < N, as i < size()
+  const int64_t end = begin + std::min(batch_size_, static_cast<int64_t>(order_.size()) - begin);
   const std::vector<int64_t> rows(order_.begin() + begin, order_.begin() + end);
   const Tensor indices = tensor(rows, Shape{end - begin});
   return Dataset{gather(dataset_.images, indices), gather(dataset_.labels, indices)};

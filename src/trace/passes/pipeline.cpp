@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "core/check.hpp"
+#include "core/user_text.hpp"
 #include "trace/passes/passes.hpp"
 
 namespace flowlet::detail {
@@ -38,6 +39,7 @@ class Dumper {
       if (const char* env = std::getenv("FLOWLET_DUMP_GRAPHS"); env != nullptr) dir = env;
     }
     if (dir.empty()) return;
+    check_path("optimize", "the graph dump folder", dir);
     dir_ = dir;
     std::error_code error;
     std::filesystem::create_directories(dir_, error);
