@@ -4,6 +4,7 @@
 
 #include <array>
 
+#include "core/allocator.hpp"
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
 #include "flowlet/autodiff.hpp"
@@ -50,6 +51,7 @@ int run_here(const Op& op, std::span<const Tensor> inputs, const void* attribute
   }
   const OpCall call{op, inputs, attributes};
   op.infer(call, spec);
+  for (int i = 0; i < spec.count; ++i) detail::check_size(op.name, spec.outputs[i].shape, spec.outputs[i].dtype);
   check_device_exists(op.name, spec.device);
   const KernelFn kernel = op.kernels[static_cast<int>(spec.device.kind())];
   if (!kernel) {
@@ -61,12 +63,16 @@ int run_here(const Op& op, std::span<const Tensor> inputs, const void* attribute
     // Tracing: record a node instead of running the kernel; tapes record the symbolic outputs.
     trace->record(op, inputs, attributes, spec, results);
   } else {
-    if (!op.has_flag(kView)) {
-      for (int i = 0; i < spec.count; ++i) {
-        outputs[i] = Tensor::empty(spec.outputs[i].shape, spec.outputs[i].dtype, spec.device);
+    try {
+      if (!op.has_flag(kView)) {
+        for (int i = 0; i < spec.count; ++i) {
+          outputs[i] = Tensor::empty(spec.outputs[i].shape, spec.outputs[i].dtype, spec.device);
+        }
       }
+      kernel(call, results);
+    } catch (...) {
+      detail::rethrow_naming_op(op.name, spec.device);  // out of memory names the op; other errors pass unchanged
     }
-    kernel(call, results);
   }
   if (detail::any_tape_active()) {
     detail::record_on_tapes(op, inputs, attributes, std::span<const Tensor>(outputs.data(), static_cast<size_t>(spec.count)));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,10 @@ struct DeviceBackend {
   void (*add_scaled_in_place)(const Tensor& value, const Tensor& update, double scale);
   // target = source in target's buffer (same dtype, shape and device; target contiguous).
   void (*copy_in_place)(const Tensor& target, const Tensor& source);
+  // Returns the blocks the caching allocator of device `index` keeps for reuse to the driver.
+  void (*release_cached)(int index);
+  // Bytes in those blocks. Never throws.
+  int64_t (*cached_bytes)(int index);
 };
 
 const DeviceBackend& cuda_backend();

@@ -24,9 +24,12 @@ void cannot_update(const Tensor& value, const Tensor&, double) {
 void cannot_copy(const Tensor& target, const Tensor&) {
   fail<DeviceError>("copy: cannot write a tensor on {}; {}", target.device(), built_without_cuda());
 }
+void nothing_cached(int) {}
+int64_t no_cached_bytes(int) { return 0; }
 
-const DeviceBackend no_cuda{&no_devices,          &built_without_cuda, &cannot_allocate, &nothing_to_free,
-                            &nothing_to_wait_for, &cannot_record,      &cannot_update,   &cannot_copy};
+const DeviceBackend no_cuda{&no_devices,    &built_without_cuda, &cannot_allocate, &nothing_to_free,
+                            &nothing_to_wait_for, &cannot_record, &cannot_update, &cannot_copy,
+                            &nothing_cached, &no_cached_bytes};
 
 }  // namespace
 

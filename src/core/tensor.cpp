@@ -76,7 +76,7 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
     return;
   }
   if (device.index() != 0) check_device_exists("storage", device);  // also fixes the logical device count
-  data_ = detail::cpu_allocate(bytes);
+  data_ = detail::cpu_allocate(bytes, device);
   detail::count_allocation(device.index(), bytes);
 }
 
@@ -104,12 +104,13 @@ Storage::~Storage() {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  detail::check_size("empty", shape, dtype);  // so that the byte count below is exact
   auto impl = make_ref<detail::TensorImpl>();
   impl->strides = contiguous_strides(shape);
   impl->shape = shape;
   impl->numel = shape.numel();
   impl->dtype = dtype;
-  impl->storage = make_ref<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
+  impl->storage = make_ref<Storage>(static_cast<size_t>(impl->numel) * dtype_size(dtype), device);
   return Tensor(std::move(impl));
 }
 

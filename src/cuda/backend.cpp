@@ -12,7 +12,8 @@ namespace {
 
 const DeviceBackend cuda_device_backend{&cuda::device_count,      &cuda::why_no_devices,       &cuda::allocate,
                                         &cuda::deallocate,         &cuda::synchronize,          &cuda::start_recording,
-                                        &cuda::add_scaled_in_place, &cuda::copy_in_place};
+                                        &cuda::add_scaled_in_place, &cuda::copy_in_place,
+                                        &cuda::release_cached,      &cuda::cached_bytes};
 
 }  // namespace
 
