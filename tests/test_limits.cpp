@@ -171,3 +171,13 @@ TEST_CASE("release_cached_memory returns freed blocks, and a failed allocation r
   // And the allocator works afterwards.
   CHECK(fl::ones({3}).to_vector<float>() == std::vector<float>{1, 1, 1});
 }
+
+TEST_CASE("softmax of an empty tensor with huge other dimensions returns at once") {
+  // Found by fuzz_op_args: [2, 0, 2^31] along axis 1 used to walk 2^32 empty lines.
+  const fl::Tensor x = fl::zeros({2, 0, int64_t{1} << 31});
+  for (const int64_t axis : {0, 1, 2}) {
+    CAPTURE(axis);
+    CHECK(fl::softmax(x, axis).shape() == x.shape());
+    CHECK(fl::log_softmax(x, axis).shape() == x.shape());
+  }
+}
