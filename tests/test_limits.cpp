@@ -2,8 +2,11 @@
 // zero dimension anywhere), and out-of-memory errors and the release of cached memory.
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <limits>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "support/reference.hpp"
 
@@ -180,4 +183,31 @@ TEST_CASE("softmax of an empty tensor with huge other dimensions returns at once
     CHECK(fl::softmax(x, axis).shape() == x.shape());
     CHECK(fl::log_softmax(x, axis).shape() == x.shape());
   }
+}
+
+TEST_CASE("another thread's cache of small blocks is released at that thread's next allocation") {
+  const fl::Device cpu;
+  constexpr int kBlocks = 32;
+  constexpr int64_t kBlockBytes = 64 * 1024;  // small enough for the per-thread cache
+  std::promise<void> filled, released, refreshed;
+  std::thread worker([&] {
+    {
+      std::vector<fl::Tensor> blocks;
+      for (int i = 0; i < kBlocks; ++i) blocks.push_back(fl::zeros({kBlockBytes / 4}));
+    }  // freed into this thread's cache
+    filled.set_value();
+    released.get_future().wait();
+    (void)fl::zeros({1});  // the first allocation after the release empties this thread's cache
+    refreshed.set_value();
+  });
+  filled.get_future().wait();
+  const int64_t with_worker_cache = fl::memory_stats(cpu).bytes_cached;
+  fl::release_cached_memory();
+  // The worker's blocks are still cached: only the worker may touch its cache.
+  CHECK(fl::memory_stats(cpu).bytes_cached >= kBlocks * kBlockBytes);
+  CHECK(with_worker_cache >= kBlocks * kBlockBytes);
+  released.set_value();
+  refreshed.get_future().wait();
+  CHECK(fl::memory_stats(cpu).bytes_cached < kBlocks * kBlockBytes);
+  worker.join();
 }

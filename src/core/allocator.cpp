@@ -1,11 +1,8 @@
 // CPU caching allocator. Blocks are rounded up to size classes (four per power of two, at least
 // 64 bytes). Small classes are cached per thread without locks; large ones in one shared pool
-// under a mutex (their cost dwarfs the lock). The shared pool keeps at most kMaxCachedBytes.
+// under a mutex (their cost dwarfs the lock). The shared pool keeps at most kMaxCachedBytes. When
+// the system refuses memory, every cache is released and the request tried once more.
 #include "core/allocator.hpp"
-
-#include <fmt/format.h>
-
-#include "flowlet/core/format.hpp"
 
 #include <bit>
 #include <cstdint>
@@ -15,6 +12,10 @@
 #include <new>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
+
+#include "flowlet/core/format.hpp"
 
 namespace flowlet::detail {
 
@@ -39,7 +40,6 @@ constexpr size_t kAlignment = 64;
 constexpr size_t kLargestThreadCached = 256 * 1024;   // larger blocks go to the shared pool
 constexpr size_t kMaxBlocksPerThreadClass = 64;
 constexpr size_t kMaxCachedBytes = size_t{2} << 30;   // shared pool cap
-constexpr size_t kLargestRequest = size_t{1} << 52;   // beyond any machine; keeps classes in range
 
 // nullptr when the system has no memory left.
 void* system_allocate(size_t bytes) {
@@ -172,9 +172,6 @@ ThreadCache* local_cache() {
 }
 
 [[noreturn]] void fail_cpu_allocation(size_t bytes, Device device, size_t released) {
-  if (bytes > kLargestRequest) {
-    throw OutOfMemory(kUnnamedAllocation, device, bytes, fmt::format(", more than any machine has (2^52)"));
-  }
   const size_t rounded = class_bytes(size_class(bytes));
   throw OutOfMemory(kUnnamedAllocation, device, bytes,
                     fmt::format("{} after releasing {} cached bytes",
@@ -191,6 +188,10 @@ OutOfMemory::OutOfMemory(std::string_view op, Device device, size_t bytes, std::
       device_(device),
       bytes_(bytes),
       reason_(reason) {}
+
+void fail_allocation_too_large(size_t bytes, Device device) {
+  throw OutOfMemory(kUnnamedAllocation, device, bytes, ", more than any machine has (2^52)");
+}
 
 void rethrow_naming_op(std::string_view op, Device device) {
   try {
@@ -210,7 +211,7 @@ DeviceMemoryCounters cpu_memory_counters[kMaxLogicalCpuDevices];
 DeviceMemoryCounters cuda_memory_counters[kMaxCudaDevices];
 
 void* cpu_allocate(size_t bytes, Device device) {
-  if (bytes > kLargestRequest) [[unlikely]] fail_cpu_allocation(bytes, device, 0);
+  if (bytes > kLargestAllocation) [[unlikely]] fail_allocation_too_large(bytes, device);
   const int cls = size_class(bytes);
   const size_t rounded = class_bytes(cls);
   ThreadCache* cache = rounded <= kLargestThreadCached ? local_cache() : nullptr;

@@ -44,6 +44,11 @@ inline constexpr std::string_view kUnnamedAllocation = "storage";
 // kernel's own scratch memory) into ResourceExhausted; re-throws anything else unchanged.
 [[noreturn]] void rethrow_naming_op(std::string_view op, Device device);
 
+// The largest request any allocator tries: beyond any machine, and the size classes end there.
+inline constexpr size_t kLargestAllocation = size_t{1} << 52;
+// OutOfMemory for a request above kLargestAllocation, which no allocator tries.
+[[noreturn]] void fail_allocation_too_large(size_t bytes, Device device);
+
 // 64-byte aligned; never nullptr. When the system has no memory left, releases every cached block
 // and tries once more; OutOfMemory naming `device` when that fails too.
 void* cpu_allocate(size_t bytes, Device device);

@@ -83,6 +83,7 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
 // Off the CPU hot path: memory of another device kind comes from its backend (core/backend.hpp).
 void* Storage::allocate_on_backend(size_t bytes, Device device) {
   check_device_exists("storage", device);
+  if (bytes > detail::kLargestAllocation) detail::fail_allocation_too_large(bytes, device);  // past the size classes
   void* data = detail::cuda_backend().allocate(device.index(), bytes);
   detail::count_allocation(detail::memory_counters(device), bytes);
   return data;
