@@ -5,6 +5,7 @@
 
 #include <array>
 
+#include "core/allocator.hpp"
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
 #include "flowlet/autodiff.hpp"
@@ -64,6 +65,7 @@ int run_here(const Op& op, std::span<const Tensor> inputs, const void* attribute
   }
   const OpCall call{op, inputs, attributes};
   op.infer(call, spec);
+  for (int i = 0; i < spec.count; ++i) detail::check_size(op.name, spec.outputs[i].shape, spec.outputs[i].dtype);
   check_device_exists(op.name, spec.device);
   const KernelFn kernel = op.kernels[static_cast<int>(spec.device.kind())];
   const std::span<Tensor> results(outputs.data(), static_cast<size_t>(spec.count));
@@ -74,12 +76,16 @@ int run_here(const Op& op, std::span<const Tensor> inputs, const void* attribute
     trace->record(op, inputs, attributes, spec, results);
   } else {
     if (!kernel) [[unlikely]] fail_no_kernel(op, spec.device);
-    if (!op.has_flag(kView)) {
-      for (int i = 0; i < spec.count; ++i) {
-        outputs[i] = Tensor::empty(spec.outputs[i].shape, spec.outputs[i].dtype, spec.device);
+    try {
+      if (!op.has_flag(kView)) {
+        for (int i = 0; i < spec.count; ++i) {
+          outputs[i] = Tensor::empty(spec.outputs[i].shape, spec.outputs[i].dtype, spec.device);
+        }
       }
+      kernel(call, results);
+    } catch (...) {
+      detail::rethrow_naming_op(op.name, spec.device);  // out of memory names the op; other errors pass unchanged
     }
-    kernel(call, results);
   }
   if (detail::any_tape_active()) {
     detail::record_on_tapes(op, inputs, attributes, std::span<const Tensor>(outputs.data(), static_cast<size_t>(spec.count)));

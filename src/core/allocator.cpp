@@ -1,15 +1,21 @@
 // CPU caching allocator. Blocks are rounded up to size classes (four per power of two, at least
 // 64 bytes). Small classes are cached per thread without locks; large ones in one shared pool
-// under a mutex (their cost dwarfs the lock). The shared pool keeps at most kMaxCachedBytes.
+// under a mutex (their cost dwarfs the lock). The shared pool keeps at most kMaxCachedBytes. When
+// the system refuses memory, every cache is released and the request tried once more.
 #include "core/allocator.hpp"
 
 #include <bit>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
+
+#include "flowlet/core/format.hpp"
 
 namespace flowlet::detail {
 
@@ -35,10 +41,10 @@ constexpr size_t kLargestThreadCached = 256 * 1024;   // larger blocks go to the
 constexpr size_t kMaxBlocksPerThreadClass = 64;
 constexpr size_t kMaxCachedBytes = size_t{2} << 30;   // shared pool cap
 
+// nullptr when the system has no memory left.
 void* system_allocate(size_t bytes) {
   void* p = nullptr;
-  if (posix_memalign(&p, kAlignment, bytes) != 0) throw std::bad_alloc();
-  return p;
+  return posix_memalign(&p, kAlignment, bytes) == 0 ? p : nullptr;
 }
 
 struct SharedPool {
@@ -67,6 +73,18 @@ struct SharedPool {
     }
     std::free(p);
   }
+  size_t release() {
+    std::lock_guard lock(mutex);
+    for (auto& list : free_blocks) {
+      for (void* p : list) std::free(p);
+      list.clear();
+    }
+    return std::exchange(cached_bytes, 0);
+  }
+  size_t cached() {
+    std::lock_guard lock(mutex);
+    return cached_bytes;
+  }
 };
 
 // Never destroyed: tensors released during static destruction still find it.
@@ -75,9 +93,38 @@ SharedPool& shared_pool() {
   return *pool;
 }
 
+// Bumped by cpu_release_cached: a thread cache from an older generation frees its blocks before
+// its next use.
+std::atomic<uint64_t> release_generation{0};
+
 struct ThreadCache {
   std::vector<void*> free_blocks[kNumClasses];
+  // Written only by the owning thread (load + store, no locked instruction); read by
+  // cpu_cached_bytes from any thread.
+  std::atomic<int64_t> bytes{0};
+  uint64_t generation = release_generation.load(std::memory_order_relaxed);
+
+  void add_bytes(int64_t delta) {
+    bytes.store(bytes.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+  }
+  size_t release() {
+    for (auto& list : free_blocks) {
+      for (void* p : list) std::free(p);
+      list.clear();
+    }
+    return static_cast<size_t>(bytes.exchange(0, std::memory_order_relaxed));
+  }
 };
+
+// Every live thread cache, for cpu_cached_bytes. Never destroyed, like the shared pool.
+struct ThreadCacheRegistry {
+  std::mutex mutex;
+  std::vector<ThreadCache*> caches;
+};
+ThreadCacheRegistry& registry() {
+  static ThreadCacheRegistry* caches = new ThreadCacheRegistry;
+  return *caches;
+}
 
 // The fast path reads a plain pointer (initial-exec TLS: one instruction, no wrapper call). A
 // separate object with a destructor, touched once per thread, hands the blocks back at exit.
@@ -89,6 +136,11 @@ struct ThreadCacheReaper {
     thread_cache_gone = true;
     ThreadCache* cache = std::exchange(thread_cache, nullptr);
     if (!cache) return;
+    {
+      ThreadCacheRegistry& r = registry();
+      std::lock_guard lock(r.mutex);
+      std::erase(r.caches, cache);
+    }
     for (int cls = 0; cls < kNumClasses; ++cls) {
       for (void* p : cache->free_blocks[cls]) shared_pool().give(p, cls);
     }
@@ -96,23 +148,70 @@ struct ThreadCacheReaper {
   }
 };
 
-// This thread's cache, or nullptr once the thread is exiting.
+// This thread's cache, or nullptr once the thread is exiting. A cache older than the last
+// cpu_release_cached frees its blocks first.
 ThreadCache* local_cache() {
-  if (thread_cache) return thread_cache;
+  if (ThreadCache* cache = thread_cache) [[likely]] {
+    if (cache->generation != release_generation.load(std::memory_order_relaxed)) [[unlikely]] {
+      cache->generation = release_generation.load(std::memory_order_relaxed);
+      cache->release();
+    }
+    return cache;
+  }
   if (thread_cache_gone) return nullptr;
   static thread_local ThreadCacheReaper reaper;
   (void)reaper;
-  thread_cache = new ThreadCache;
+  auto cache = std::make_unique<ThreadCache>();
+  {
+    ThreadCacheRegistry& r = registry();
+    std::lock_guard lock(r.mutex);
+    r.caches.push_back(cache.get());
+  }
+  thread_cache = cache.release();
   return thread_cache;
+}
+
+[[noreturn]] void fail_cpu_allocation(size_t bytes, Device device, size_t released) {
+  const size_t rounded = class_bytes(size_class(bytes));
+  throw OutOfMemory(kUnnamedAllocation, device, bytes,
+                    fmt::format("{} after releasing {} cached bytes",
+                                rounded == bytes ? std::string() : fmt::format(" (rounded to {})", rounded), released));
 }
 
 }  // namespace
 
+OutOfMemory::OutOfMemory(std::string_view op, Device device, size_t bytes, std::string_view reason)
+    : ResourceExhausted(fmt::format("{}: out of memory on {}; got a request for {} bytes{}; free tensors you no "
+                                    "longer need, call release_cached_memory(), or use smaller batches",
+                                    op, device, bytes, reason)),
+      op_(op),
+      device_(device),
+      bytes_(bytes),
+      reason_(reason) {}
+
+void fail_allocation_too_large(size_t bytes, Device device) {
+  throw OutOfMemory(kUnnamedAllocation, device, bytes, ", more than any machine has (2^52)");
+}
+
+void rethrow_naming_op(std::string_view op, Device device) {
+  try {
+    throw;
+  } catch (const OutOfMemory& e) {
+    if (e.op() != kUnnamedAllocation) throw;  // a nested op already named itself
+    throw OutOfMemory(op, e.device(), e.bytes(), e.reason());
+  } catch (const std::bad_alloc&) {
+    throw ResourceExhausted(fmt::format(
+        "{}: out of memory on {}; got std::bad_alloc while the kernel allocated scratch memory; free tensors you no "
+        "longer need, call release_cached_memory(), or use smaller batches",
+        op, device));
+  }
+}
+
 DeviceMemoryCounters cpu_memory_counters[kMaxLogicalCpuDevices];
 DeviceMemoryCounters cuda_memory_counters[kMaxCudaDevices];
 
-void* cpu_allocate(size_t bytes) {
-  if (bytes > (size_t{1} << 52)) throw std::bad_alloc();  // beyond any machine; keeps classes in range
+void* cpu_allocate(size_t bytes, Device device) {
+  if (bytes > kLargestAllocation) [[unlikely]] fail_allocation_too_large(bytes, device);
   const int cls = size_class(bytes);
   const size_t rounded = class_bytes(cls);
   ThreadCache* cache = rounded <= kLargestThreadCached ? local_cache() : nullptr;
@@ -121,11 +220,15 @@ void* cpu_allocate(size_t bytes) {
     if (!list.empty()) {
       void* p = list.back();
       list.pop_back();
+      cache->add_bytes(-static_cast<int64_t>(rounded));
       return p;
     }
   }
   if (void* p = shared_pool().take(cls)) return p;
-  return system_allocate(rounded);
+  if (void* p = system_allocate(rounded)) [[likely]] return p;
+  const size_t released = cpu_release_cached();
+  if (void* p = system_allocate(rounded)) return p;
+  fail_cpu_allocation(bytes, device, released);
 }
 
 void cpu_deallocate(void* pointer, size_t bytes) {
@@ -135,10 +238,29 @@ void cpu_deallocate(void* pointer, size_t bytes) {
     auto& list = cache->free_blocks[cls];
     if (list.size() < kMaxBlocksPerThreadClass) {
       list.push_back(pointer);
+      cache->add_bytes(static_cast<int64_t>(class_bytes(cls)));
       return;
     }
   }
   shared_pool().give(pointer, cls);
+}
+
+size_t cpu_release_cached() {
+  release_generation.fetch_add(1, std::memory_order_relaxed);
+  size_t released = shared_pool().release();
+  if (ThreadCache* cache = thread_cache) {
+    cache->generation = release_generation.load(std::memory_order_relaxed);
+    released += cache->release();
+  }
+  return released;
+}
+
+int64_t cpu_cached_bytes() {
+  auto total = static_cast<int64_t>(shared_pool().cached());
+  ThreadCacheRegistry& r = registry();
+  std::lock_guard lock(r.mutex);
+  for (const ThreadCache* cache : r.caches) total += cache->bytes.load(std::memory_order_relaxed);
+  return total;
 }
 
 }  // namespace flowlet::detail

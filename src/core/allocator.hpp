@@ -5,8 +5,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "flowlet/core/device.hpp"
+#include "flowlet/core/error.hpp"
 
 namespace flowlet::detail {
 
@@ -17,9 +20,45 @@ inline constexpr int kNumClasses = 4 * 48;  // covers every size up to 2^53 byte
 int size_class(size_t bytes);
 size_t class_bytes(int cls);
 
-// 64-byte aligned. Never returns nullptr (throws std::bad_alloc).
-void* cpu_allocate(size_t bytes);
+// The ResourceExhausted that allocators throw: "<op>: out of memory on <device>; got a request for
+// <bytes> bytes<reason>; ...". Allocators do not know which op asked and say "storage"; the
+// dispatcher re-throws it under the op's name (rethrow_naming_op).
+class OutOfMemory : public ResourceExhausted {
+ public:
+  OutOfMemory(std::string_view op, Device device, size_t bytes, std::string_view reason);
+  const std::string& op() const { return op_; }
+  Device device() const { return device_; }
+  size_t bytes() const { return bytes_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string op_;
+  Device device_;
+  size_t bytes_;
+  std::string reason_;
+};
+inline constexpr std::string_view kUnnamedAllocation = "storage";
+
+// Called from a catch block while `op` allocates its outputs or runs its kernel on `device`:
+// re-throws an OutOfMemory from an allocator under the op's name and turns std::bad_alloc (a
+// kernel's own scratch memory) into ResourceExhausted; re-throws anything else unchanged.
+[[noreturn]] void rethrow_naming_op(std::string_view op, Device device);
+
+// The largest request any allocator tries: beyond any machine, and the size classes end there.
+inline constexpr size_t kLargestAllocation = size_t{1} << 52;
+// OutOfMemory for a request above kLargestAllocation, which no allocator tries.
+[[noreturn]] void fail_allocation_too_large(size_t bytes, Device device);
+
+// 64-byte aligned; never nullptr. When the system has no memory left, releases every cached block
+// and tries once more; OutOfMemory naming `device` when that fails too.
+void* cpu_allocate(size_t bytes, Device device);
 void cpu_deallocate(void* pointer, size_t bytes);
+// Frees every block the CPU allocator caches: the shared pool's and the calling thread's now,
+// other threads' at their next allocation or free (a thread's cache is its own, without locks).
+// Returns the bytes freed now. Thread-safe.
+size_t cpu_release_cached();
+// Bytes in cached CPU blocks, all threads together (a relaxed sum: exact when no thread allocates).
+int64_t cpu_cached_bytes();
 
 // Bytes that storages hold on one logical CPU device (memory_stats reads them). Every logical
 // device shares the allocator above; only the accounting is per device. One cache line each, so

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,10 @@ struct DeviceBackend {
   // `kernels` of the ops it implements. Needs no device, so placement sees which ops run on the
   // backend in every build that has it.
   void (*add_kernels)(const std::vector<Op*>& ops);
+  // Returns the blocks the caching allocator of device `index` keeps for reuse to the driver.
+  void (*release_cached)(int index);
+  // Bytes in those blocks. Never throws.
+  int64_t (*cached_bytes)(int index);
 };
 
 // The backend of device kind `kind` (not cpu: the CPU is core's own; InvalidArgument for it).

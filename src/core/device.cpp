@@ -95,8 +95,18 @@ void set_logical_cpu_devices(int n) {
 DeviceMemoryStats memory_stats(Device device) {
   check_device_exists("memory_stats", device);
   const detail::DeviceMemoryCounters& c = detail::memory_counters(device);
+  const int64_t cached = device.kind() == DeviceKind::cpu ? detail::cpu_cached_bytes()
+                                                          : detail::backend(device.kind()).cached_bytes(device.index());
   return {c.bytes_in_use.load(std::memory_order_relaxed), c.peak_bytes_in_use.load(std::memory_order_relaxed),
-          c.allocations.load(std::memory_order_relaxed)};
+          c.allocations.load(std::memory_order_relaxed), cached};
+}
+
+void release_cached_memory() {
+  detail::cpu_release_cached();
+  const detail::DeviceBackend& cuda = detail::backend(DeviceKind::cuda);
+  for (int index = 0; index < cuda.device_count(); ++index) {
+    if (cuda.cached_bytes(index) > 0) cuda.release_cached(index);  // leaves devices never used untouched
+  }
 }
 
 void reset_peak_memory_stats(Device device) {

@@ -24,6 +24,8 @@ void cannot_update(const Tensor& value, const Tensor&, double) {
 void cannot_copy(const Tensor& target, const Tensor&) {
   fail<DeviceError>("copy: cannot write a tensor on {}; {}", target.device(), built_without_cuda());
 }
+void nothing_cached(int) {}
+int64_t no_cached_bytes(int) { return 0; }
 
 void no_kernels(const std::vector<Op*>&) {}
 
@@ -36,7 +38,9 @@ const DeviceBackend no_cuda{.built = false,
                             .start_recording = &cannot_record,
                             .add_scaled_in_place = &cannot_update,
                             .copy_in_place = &cannot_copy,
-                            .add_kernels = &no_kernels};
+                            .add_kernels = &no_kernels,
+                            .release_cached = &nothing_cached,
+                            .cached_bytes = &no_cached_bytes};
 
 }  // namespace
 

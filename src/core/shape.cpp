@@ -1,6 +1,4 @@
 // Shape printing and the shape checks shared by every op.
-#include <limits>
-
 #include "core/check.hpp"
 
 namespace flowlet {
@@ -9,19 +7,39 @@ std::string Shape::str() const {
   return fmt::format("[{}]", fmt::join(begin(), end(), ", "));
 }
 
+int64_t Shape::numel_slow() const {
+  for (int64_t d : dims_) {
+    if (d == 0) return 0;
+  }
+  detail::fail<ShapeError>("numel: element count overflows int64; got shape {}", *this);
+}
+
 namespace detail {
+
+void throw_strides_overflow(const Shape& shape) {
+  fail<ShapeError>("strides: a stride overflows int64; got shape {}", shape);
+}
+
+void fail_size(std::string_view op, const Shape& shape, DType dtype) {
+  for (int64_t d : shape) {
+    if (d < 0) fail<ShapeError>("{}: dimensions must be >= 0; got shape {}", op, shape);
+  }
+  fail<ShapeError>(
+      "{}: shape has more bytes than fit in memory (the product of its non-zero dimensions times the item size must "
+      "fit in int64); got shape {} of {}",
+      op, shape, dtype);
+}
 
 void check_shape(std::string_view op, const Shape& shape) {
   int64_t count = 1;
-  bool overflow = false;
   for (int64_t d : shape) {
     if (d < 0) fail<ShapeError>("{}: dimensions must be >= 0; got shape {}", op, shape);
-    if (d != 0 && count > std::numeric_limits<int64_t>::max() / d) overflow = true;
-    count *= overflow ? 1 : d;
+    // Zero dimensions are skipped, not multiplied in: the product of the others must fit wherever a
+    // zero sits, so that strides derived from the shape stay representable.
+    if (d != 0 && __builtin_mul_overflow(count, d, &count)) {
+      fail<ShapeError>("{}: element count overflows int64; got shape {}", op, shape);
+    }
   }
-  // The product of the non-zero dimensions must fit even when a zero dimension makes the count 0,
-  // so that strides derived from the shape stay representable.
-  if (overflow) fail<ShapeError>("{}: element count overflows int64; got shape {}", op, shape);
 }
 
 int64_t normalize_axis(std::string_view op, int64_t axis, int64_t rank) {

@@ -74,13 +74,14 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
     return;
   }
   if (device.index() != 0) check_device_exists("storage", device);  // also fixes the logical device count
-  data_ = detail::cpu_allocate(bytes);
+  data_ = detail::cpu_allocate(bytes, device);
   detail::count_allocation(device.index(), bytes);
 }
 
 // Off the CPU hot path: memory of another device kind comes from its backend (core/backend.hpp).
 void* Storage::allocate_on_backend(size_t bytes, Device device) {
   check_device_exists("storage", device);
+  if (bytes > detail::kLargestAllocation) detail::fail_allocation_too_large(bytes, device);  // past the size classes
   void* data = detail::backend(device.kind()).allocate(device.index(), bytes);
   detail::count_allocation(detail::memory_counters(device), bytes);
   return data;
@@ -102,12 +103,30 @@ Storage::~Storage() {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  // One pass over the dimensions, as every op's output comes here: the row-major strides
+  // (contiguous_strides), the element count, and the size rule (detail::check_size).
   auto impl = make_ref<detail::TensorImpl>();
-  impl->strides = contiguous_strides(shape);
+  impl->strides = Strides(shape.size(), 1);
+  int64_t step = 1;  // the product of the non-zero dimensions so far
+  bool has_zero = false;
+  for (size_t i = shape.size(); i-- > 0;) {
+    impl->strides[i] = step;
+    const int64_t d = shape[i];
+    if (d <= 0) [[unlikely]] {
+      if (d < 0) detail::fail_size("empty", shape, dtype);
+      has_zero = true;
+    } else if (__builtin_mul_overflow(step, d, &step)) [[unlikely]] {
+      detail::fail_size("empty", shape, dtype);
+    }
+  }
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(step, static_cast<int64_t>(dtype_size(dtype)), &bytes)) [[unlikely]] {
+    detail::fail_size("empty", shape, dtype);
+  }
   impl->shape = shape;
-  impl->numel = shape.numel();
+  impl->numel = has_zero ? 0 : step;
   impl->dtype = dtype;
-  impl->storage = make_ref<Storage>(static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
+  impl->storage = make_ref<Storage>(has_zero ? 0 : static_cast<size_t>(bytes), device);
   return Tensor(std::move(impl));
 }
 

@@ -102,10 +102,9 @@ void* malloc_block(int device, size_t bytes, int cls) {
       cudaGetLastError();
       size_t free_bytes = 0, total_bytes = 0;
       cudaMemGetInfo(&free_bytes, &total_bytes);
-      fail<DeviceError>(
-          "storage: out of memory on cuda:{}; got a request for {} bytes (rounded to {}) with {} of {} bytes free "
-          "after releasing {} cached bytes; free tensors you no longer need or use smaller batches",
-          device, bytes, rounded, free_bytes, total_bytes, released);
+      throw OutOfMemory(kUnnamedAllocation, Device(DeviceKind::cuda, device), bytes,
+                        fmt::format(" (rounded to {}) with {} of {} bytes free after releasing {} cached bytes",
+                                    rounded, free_bytes, total_bytes, released));
     }
   }
   FLOWLET_CUDA_CHECK(device, status);

@@ -33,7 +33,7 @@
 
 namespace flowlet::detail::cuda {
 
-void* allocate(int device, size_t bytes);  // DeviceError (naming sizes and the cache) when out of memory
+void* allocate(int device, size_t bytes);  // ResourceExhausted (naming sizes and the cache) when out of memory
 void deallocate(int device, void* data, size_t bytes) noexcept;
 
 // The cache itself, without the CUDA Graph pools (cuda/capture_pool.hpp) that allocate and

@@ -37,7 +37,9 @@ const DeviceBackend cuda_device_backend{.built = true,
                                         .start_recording = &cuda::start_recording,
                                         .add_scaled_in_place = &cuda::add_scaled_in_place,
                                         .copy_in_place = &cuda::copy_in_place,
-                                        .add_kernels = &add_kernels};
+                                        .add_kernels = &add_kernels,
+                                        .release_cached = &cuda::release_cached,
+                                        .cached_bytes = &cuda::cached_bytes};
 
 }  // namespace
 

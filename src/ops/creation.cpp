@@ -116,8 +116,8 @@ Op uniform_op{"uniform", 0, 0, kNoFlags, &random_infer<kUniform>, {&uniform_kern
 void add_creation_ops(std::vector<Op*>& ops) { ops.insert(ops.end(), {&full_op, &arange_op, &randn_op, &uniform_op}); }
 
 Tensor tensor_from_host(const void* values, size_t count, DType dtype, const Shape& shape, Device device) {
-  check_shape("tensor", shape);
-  if (static_cast<int64_t>(count) != shape.numel()) {
+  check_size("tensor", shape, dtype);
+  if (count != static_cast<uint64_t>(shape.numel())) {
     fail<ShapeError>("tensor: values do not fill the shape; got {} values for shape {} ({} elements)", count, shape,
                      shape.numel());
   }

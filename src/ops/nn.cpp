@@ -78,6 +78,8 @@ template <bool Log>
 void softmax_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor t = call.inputs[0].contiguous();
   const auto axis = static_cast<size_t>(normalize_axis(call.op.name, call.attrs<AxisAttrs>().axis, t.rank()));
+  // Nothing to write; outer * inner may still count billions of empty lines ([2, 2^31] with axis 0 of size 0).
+  if (t.numel() == 0) return;
   int64_t outer = 1, inner = 1;
   const int64_t extent = t.shape()[axis];
   for (size_t d = 0; d < axis; ++d) outer *= t.shape()[d];

@@ -37,15 +37,15 @@ Shape resolve_reshape(const Tensor& t, const Shape& requested) {
       inferred = static_cast<int>(i);
     } else if (shape[i] < 0) {
       fail<ShapeError>("reshape: dimensions must be >= 0 or -1; got {}", requested);
-    } else {
-      known *= shape[i];
+    } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+      known = -1;  // the requested shape cannot be allocated: check_shape below says so
     }
   }
   if (inferred >= 0) {
     Shape without = shape;
     without[static_cast<size_t>(inferred)] = 1;
     check_shape("reshape", without);
-    if (known == 0 || t.numel() % known != 0) {
+    if (known <= 0 || t.numel() % known != 0) {
       fail<ShapeError>("reshape: cannot infer -1; got {} elements of shape {} for shape {}", t.numel(), t.shape(),
                        requested);
     }
@@ -142,7 +142,11 @@ void concat_infer(const OpCall& call, OutputSpec& spec) {
       fail<ShapeError>("concat: shapes differ outside axis {}; got {} for input 0 and {} for input {}", axis,
                        first.shape(), t.shape(), i);
     }
-    shape[static_cast<size_t>(axis)] += t.shape()[static_cast<size_t>(axis)];
+    int64_t& extent = shape[static_cast<size_t>(axis)];
+    if (__builtin_add_overflow(extent, t.shape()[static_cast<size_t>(axis)], &extent)) {
+      fail<ShapeError>("concat: the output's axis {} overflows int64; got {} inputs, input {} of shape {}", axis,
+                       call.inputs.size(), i, t.shape());
+    }
   }
   spec.outputs[0] = {shape, first.dtype()};
 }

@@ -58,12 +58,24 @@ struct DeviceMemoryStats {
   int64_t bytes_in_use = 0;       // held by live storages now
   int64_t peak_bytes_in_use = 0;  // the most ever held at once (since the last reset)
   int64_t allocations = 0;        // storages allocated so far
+  // Freed blocks the device's caching allocator keeps for reuse: memory the process holds beyond
+  // bytes_in_use until release_cached_memory() returns it. Every logical CPU device shares one
+  // allocator, so each reports the same figure.
+  int64_t bytes_cached = 0;
 };
 
 // DeviceError unless `device` exists. Reading never blocks allocation (relaxed counters).
 DeviceMemoryStats memory_stats(Device device);
 // Sets the peak to the bytes in use now.
 void reset_peak_memory_stats(Device device);
+
+// Returns the freed blocks that the caching allocators keep for reuse to the system, on every
+// device: after the last tensor is gone, memory_stats(d).bytes_cached drops to what other threads
+// still cache (each thread's cache of small blocks is released at that thread's next allocation).
+// Allocators also do this by themselves, and retry, before they report ResourceExhausted.
+//   release_cached_memory();
+// Thread-safe. Waits for the work queued on CUDA devices whose caches hold blocks.
+void release_cached_memory();
 
 // Waits until every op already issued on `device` has finished. Ops on a CUDA device return as soon
 // as their kernels are queued (reading a result, item() or to(cpu), waits by itself); timing code

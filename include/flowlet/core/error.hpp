@@ -72,6 +72,14 @@ class OutOfRange : public Error {
  public:
   using Error::Error;
 };
+// Memory ran out: an allocation failed even after the caching allocator released every block it
+// kept and tried again. The message names the op, the device and the bytes asked for, e.g.
+// `matmul: out of memory on cpu:0; got a request for 1099511627776 bytes ...`. Nothing is
+// half-done: the op that asked wrote no output.
+class ResourceExhausted : public Error {
+ public:
+  using Error::Error;
+};
 // A blocking operation was cancelled.
 class Cancelled : public Error {
  public:

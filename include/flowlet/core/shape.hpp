@@ -34,9 +34,13 @@ class Shape {
   const Dims& dims() const { return dims_; }
 
   // Product of the dimensions (1 for rank 0). Meaningful only when every dimension is >= 0.
+  // ShapeError when the product of the non-zero dimensions overflows int64 (every shape an op
+  // accepted fits: see detail::check_size), so a zero dimension never hides an overflow.
   int64_t numel() const {
     int64_t n = 1;
-    for (int64_t d : dims_) n *= d;
+    for (int64_t d : dims_) {
+      if (__builtin_mul_overflow(n, d, &n)) [[unlikely]] return numel_slow();
+    }
     return n;
   }
   std::string str() const;  // "[2, 3]"
@@ -44,19 +48,28 @@ class Shape {
   friend bool operator==(const Shape& a, const Shape& b) { return a.dims_ == b.dims_; }
 
  private:
+  int64_t numel_slow() const;  // 0 when a dimension is 0, else throws ShapeError
+
   Dims dims_;
 };
 
 // Element strides of a tensor view, one per dimension.
 using Strides = SmallVector<int64_t, 6>;
 
-// Row-major strides for a shape.
+namespace detail {
+[[noreturn]] void throw_strides_overflow(const Shape& shape);
+}  // namespace detail
+
+// Row-major strides for a shape. ShapeError when a stride overflows int64 (never for a shape that
+// passed detail::check_size).
 inline Strides contiguous_strides(const Shape& shape) {
   Strides strides(shape.size(), 1);
   int64_t step = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = step;
-    step *= shape[i] > 0 ? shape[i] : 1;
+    if (__builtin_mul_overflow(step, shape[i] > 0 ? shape[i] : 1, &step)) [[unlikely]] {
+      detail::throw_strides_overflow(shape);
+    }
   }
   return strides;
 }
