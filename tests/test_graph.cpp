@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "support/reference.hpp"
+#include "ops/attributes.hpp"
+#include "ops/known_ops.hpp"
 #include "trace/passes/passes.hpp"
 
 using fl::NodeKind;
@@ -37,20 +39,6 @@ struct ScaleAttrs {
 };
 fl::Op scale_op{"scale", 1, 1, fl::kNoFlags, &same_meta_infer, {}, nullptr, &fl::copy_attributes<ScaleAttrs>,
                 &fl::describe_attributes<ScaleAttrs>};
-
-// A stand-in named "permute" with its own attribute struct: simplify_algebra reads permutations
-// only through an op's shape rule, so this exercises the same path as the library's permute.
-struct PermAttrs {
-  std::vector<int64_t> perm;
-  std::string describe() const { return fmt::format("perm=[{}]", fmt::join(perm, ", ")); }
-};
-void perm_infer(const fl::OpCall& call, fl::OutputSpec& spec) {
-  fl::Shape shape;
-  for (int64_t p : call.attrs<PermAttrs>().perm) shape.push_back(call.inputs[0].shape()[static_cast<size_t>(p)]);
-  spec.outputs[0] = {shape, call.inputs[0].dtype()};
-}
-fl::Op test_permute_op{"permute", 1, 1, fl::kView, &perm_infer, {}, nullptr, &fl::copy_attributes<PermAttrs>,
-                       &fl::describe_attributes<PermAttrs>};
 
 // --- building graphs ------------------------------------------------------------------------------
 
@@ -157,8 +145,8 @@ bool valid_json(std::string_view text) { return JsonChecker{text}.document(); }
 TEST_CASE("describe_attributes prints every field of an attribute struct") {
   const ScaleAttrs a{0.1};
   CHECK(fl::describe_attributes<ScaleAttrs>(&a) == "factor=0.1");
-  const PermAttrs p{{2, 0, 1}};
-  CHECK(fl::describe_attributes<PermAttrs>(&p) == "perm=[2, 0, 1]");
+  const fl::detail::PermuteAttrs p{{2, 0, 1}};
+  CHECK(fl::describe_attributes<fl::detail::PermuteAttrs>(&p) == "perm=[2, 0, 1]");
 }
 
 TEST_CASE("every op with an attribute struct can describe it") {
@@ -405,7 +393,8 @@ TEST_CASE("simplify_algebra removes a permute that undoes the one before it, and
   const ValueRef x = b.arg(fl::Shape{4, 4, 4});  // equal lengths: shapes alone cannot tell perms apart
   const TensorMeta m{fl::Shape{4, 4, 4}, fl::f32};
   auto permute = [&](ValueRef in, std::vector<int64_t> perm) {
-    return b.op(&test_permute_op, {in}, m, attrs(test_permute_op, PermAttrs{std::move(perm)}));
+    // The library's permute: the pass knows it by identity and reads the permutation through its shape rule.
+    return b.op(&fl::detail::permute_op, {in}, m, attrs(fl::detail::permute_op, fl::detail::PermuteAttrs{std::move(perm)}));
   };
   const ValueRef p = permute(x, {1, 2, 0});
   const ValueRef undone = permute(p, {2, 0, 1});

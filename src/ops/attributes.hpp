@@ -1,5 +1,5 @@
-// Attribute structs of the ops whose kernels live in more than one backend (src/ops for the CPU,
-// src/cuda for CUDA): each backend reads the same struct the public function fills.
+// Attribute structs that more than one file reads: ops whose kernels live in more than one backend
+// (src/ops for the CPU, src/cuda for CUDA), and ops a pass inspects.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,12 @@
 #include "flowlet/core/shape.hpp"
 
 namespace flowlet::detail {
+
+// shape: permute (also read by the algebraic pass, which cancels inverse permutations)
+struct PermuteAttrs {
+  std::vector<int64_t> perm;
+  std::string describe() const { return fmt::format("perm=[{}]", fmt::join(perm, ", ")); }
+};
 
 // creation: full, arange, randn and uniform
 struct FullAttrs {

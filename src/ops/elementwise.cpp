@@ -9,14 +9,15 @@
 
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/creation.hpp"
-#include "ops/grad_helpers.hpp"
-#include "runtime/thread_pool.hpp"
 #include "kernels/elementwise_functors.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "kernels/vector_math.hpp"
 #include "ops/attributes.hpp"
 #include "ops/elementwise_ops.hpp"
+#include "ops/grad_helpers.hpp"
+#include "ops/known_ops.hpp"
 #include "ops/registry.hpp"
+#include "runtime/thread_pool.hpp"
 
 namespace flowlet {
 namespace detail {
@@ -298,10 +299,11 @@ static_assert(std::size(elementwise_ops) == kElementwiseOpCount);
 Op& op(ElementwiseOp id) { return elementwise_ops[static_cast<size_t>(id)]; }
 
 Op where_op{"where", 3, 3, kElementwise, &where_infer, {&where_kernel, nullptr}, &where_grad};
-Op cast_op{"cast", 1, 1, kElementwise, &cast_infer, {&cast_kernel, nullptr}, &cast_grad,
-           &copy_attributes<CastAttrs>, &describe_attributes<CastAttrs>};
 
 }  // namespace
+
+Op cast_op{"cast", 1, 1, kElementwise, &cast_infer, {&cast_kernel, nullptr}, &cast_grad,
+           &copy_attributes<CastAttrs>, &describe_attributes<CastAttrs>};
 
 Op& elementwise_op(ElementwiseOp id) { return op(id); }
 

@@ -8,8 +8,9 @@
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "kernels/elementwise_loop.hpp"
-#include "ops/internal.hpp"
 #include "ops/attributes.hpp"
+#include "ops/internal.hpp"
+#include "ops/known_ops.hpp"
 #include "ops/registry.hpp"
 
 namespace flowlet {
@@ -69,11 +70,6 @@ void reshape_kernel(const OpCall& call, std::span<Tensor> out) {
   const Shape shape = resolve_reshape(source, call.attrs<ReshapeAttrs>().shape);
   out[0] = Tensor::view(source.storage(), shape, contiguous_strides(shape), source.offset(), source.dtype());
 }
-
-struct PermuteAttrs {
-  std::vector<int64_t> perm;
-  std::string describe() const { return fmt::format("perm=[{}]", fmt::join(perm, ", ")); }
-};
 
 void permute_infer(const OpCall& call, OutputSpec& spec) {
   const Tensor& t = call.inputs[0];
@@ -312,11 +308,8 @@ std::string describe_rows(const void* attributes) {
 }
 
 // The views make a TensorImpl over the input's storage (and call public ops, such as contiguous,
-// which dispatch to the input's device), so their CPU kernels serve every device kind.
-Op reshape_op{"reshape", 1, 1, kView | kAnyDevice, &reshape_infer, {&reshape_kernel, nullptr}, &reshape_grad,
-              &copy_attributes<ReshapeAttrs>, &describe_attributes<ReshapeAttrs>};
-Op permute_op{"permute", 1, 1, kView | kAnyDevice, &permute_infer, {&permute_kernel, nullptr}, &permute_grad,
-              &copy_attributes<PermuteAttrs>, &describe_attributes<PermuteAttrs>};
+// which dispatch to the input's device), so their CPU kernels serve every device kind (reshape and
+// permute are defined below, outside this namespace: the algebraic pass knows them).
 Op slice_op{"slice", 1, 1, kView | kAnyDevice, &slice_infer, {&slice_kernel, nullptr}, &slice_grad, &copy_attributes<SliceAttrs>,
             &describe_attributes<SliceAttrs>};
 Op copy_op{"copy", 1, 1, kElementwise, &same_meta_infer, {&copy_kernel, nullptr}, &copy_grad};
@@ -331,6 +324,11 @@ Op scatter_add_op{"scatter_add", 2, 2, kNoFlags, &scatter_add_infer, {&scatter_a
                   &copy_attributes<int64_t>, &describe_rows};
 
 }  // namespace
+
+Op reshape_op{"reshape", 1, 1, kView | kAnyDevice, &reshape_infer, {&reshape_kernel, nullptr}, &reshape_grad,
+              &copy_attributes<ReshapeAttrs>, &describe_attributes<ReshapeAttrs>};
+Op permute_op{"permute", 1, 1, kView | kAnyDevice, &permute_infer, {&permute_kernel, nullptr}, &permute_grad,
+              &copy_attributes<PermuteAttrs>, &describe_attributes<PermuteAttrs>};
 
 void add_shape_ops(std::vector<Op*>& ops) {
   ops.insert(ops.end(),

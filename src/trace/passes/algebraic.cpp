@@ -17,10 +17,11 @@
 // x+0 with x = -0.0 gives +0.0 when run and -0.0 after the rewrite; the two compare equal and
 // compilers that simplify this pattern accept the same difference. Every other rewrite is exact.
 #include <cstring>
-#include <string_view>
 #include <vector>
 
+#include "ops/elementwise_ops.hpp"
 #include "ops/internal.hpp"
+#include "ops/known_ops.hpp"
 #include "trace/passes/passes.hpp"
 
 namespace flowlet::detail {
@@ -79,35 +80,35 @@ class Simplifier {
 
   // The value that can stand for n's output, or node -1 when none.
   ValueRef simplified(Node& n) {
-    const std::string_view op = n.op->name;
+    const Op* op = n.op;
     const TensorMeta& out = n.outputs[0];
-    if (op == "mul" || op == "add") {
-      const double identity = op == "mul" ? 1.0 : 0.0;
+    if (op == &elementwise_op(ElementwiseOp::mul) || op == &elementwise_op(ElementwiseOp::add)) {
+      const double identity = op == &elementwise_op(ElementwiseOp::mul) ? 1.0 : 0.0;
       if (is_constant_filled(n.inputs[1], identity) && same_meta(graph_.meta(n.inputs[0]), out)) return n.inputs[0];
       if (is_constant_filled(n.inputs[0], identity) && same_meta(graph_.meta(n.inputs[1]), out)) return n.inputs[1];
-    } else if (op == "sub" || op == "div") {
-      const double identity = op == "div" ? 1.0 : 0.0;
+    } else if (op == &elementwise_op(ElementwiseOp::sub) || op == &elementwise_op(ElementwiseOp::div)) {
+      const double identity = op == &elementwise_op(ElementwiseOp::div) ? 1.0 : 0.0;
       if (is_constant_filled(n.inputs[1], identity) && same_meta(graph_.meta(n.inputs[0]), out)) return n.inputs[0];
-    } else if (op == "neg") {
-      if (const Node* inner = pure_producer(n.inputs[0], "neg")) return inner->inputs[0];
-    } else if (op == "permute") {
-      const Node* inner = pure_producer(n.inputs[0], "permute");
+    } else if (op == &elementwise_op(ElementwiseOp::neg)) {
+      if (const Node* inner = pure_producer(n.inputs[0], *op)) return inner->inputs[0];
+    } else if (op == &permute_op) {
+      const Node* inner = pure_producer(n.inputs[0], permute_op);
       if (inner && permutations_cancel(*inner, n)) return inner->inputs[0];
-    } else if (op == "reshape") {
+    } else if (op == &reshape_op) {
       // The outer reshape's shape is absolute (or has a -1 resolved against the element count, which
       // the inner reshape kept), so it applies to the inner reshape's input as well.
-      if (const Node* inner = pure_producer(n.inputs[0], "reshape")) n.inputs[0] = inner->inputs[0];
+      if (const Node* inner = pure_producer(n.inputs[0], reshape_op)) n.inputs[0] = inner->inputs[0];
       if (same_meta(graph_.meta(n.inputs[0]), out)) return n.inputs[0];
-    } else if (op == "cast") {
+    } else if (op == &cast_op) {
       if (same_meta(graph_.meta(n.inputs[0]), out)) return n.inputs[0];
     }
     return ValueRef{};
   }
 
-  // The node producing `v` when it is a live, non-stateful op named `op` with one output.
-  const Node* pure_producer(ValueRef v, std::string_view op) const {
+  // The node producing `v` when it is a live, non-stateful `op` node with one output.
+  const Node* pure_producer(ValueRef v, const Op& op) const {
     const Node& p = graph_.node(v.node);
-    if (p.removed || p.kind != NodeKind::op || p.is_stateful() || p.op->name != op || p.outputs.size() != 1) {
+    if (p.removed || p.kind != NodeKind::op || p.is_stateful() || p.op != &op || p.outputs.size() != 1) {
       return nullptr;
     }
     return &p;
