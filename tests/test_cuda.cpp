@@ -310,7 +310,7 @@ TEST_CASE("every op with a CUDA kernel has a row in the CUDA table, and a build 
       CHECK_MESSAGE(rows.count(name) == 1, "op '" << name << "' needs a row in tests/test_cuda.cpp");
     }
   }
-  // src/cuda/README.md lists the ops that still lack a CUDA kernel; today there are none.
+  // src/cuda/README.md lists the ops that still lack a CUDA kernel; there are none.
   CHECK_MESSAGE(without_kernel.empty(), "ops without a CUDA kernel: " << fmt::format("{}", fmt::join(without_kernel, ", ")));
   for (const std::string& name : rows) CHECK_MESSAGE(fl::find_op(name) != nullptr, "row '" << name << "' names no op");
 }

@@ -90,7 +90,7 @@ struct GradCall {
 
 // Fills input_grads[i] with d(loss)/d(input i) from output_grads (one per output, never empty).
 // Written with flowlet's public ops, so it runs eagerly, records on outer tapes (higher-order
-// gradients) and, later, into traced graphs. Leaving input_grads[i] empty means "no gradient".
+// gradients) and into traced graphs. Leaving input_grads[i] empty means "no gradient".
 using GradFn = void (*)(const GradCall& call, std::span<const Tensor> output_grads, std::span<Tensor> input_grads);
 
 // Copies an op's attribute struct so a tape (or a graph) can keep it past the call.
