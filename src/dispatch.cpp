@@ -65,7 +65,11 @@ int run_here(const Op& op, std::span<const Tensor> inputs, const void* attribute
   }
   const OpCall call{op, inputs, attributes};
   op.infer(call, spec);
-  for (int i = 0; i < spec.count; ++i) detail::check_size(op.name, spec.outputs[i].shape, spec.outputs[i].dtype);
+  // The size rule for every output: here for the outputs no allocation checks (traced nodes, views);
+  // an eager op's outputs are checked by Tensor::empty as they are allocated (below).
+  if (trace || op.has_flag(kView)) [[unlikely]] {
+    for (int i = 0; i < spec.count; ++i) detail::check_size(op.name, spec.outputs[i].shape, spec.outputs[i].dtype);
+  }
   check_device_exists(op.name, spec.device);
   const KernelFn kernel = op.kernels[static_cast<int>(spec.device.kind())];
   const std::span<Tensor> results(outputs.data(), static_cast<size_t>(spec.count));
@@ -84,7 +88,7 @@ int run_here(const Op& op, std::span<const Tensor> inputs, const void* attribute
       }
       kernel(call, results);
     } catch (...) {
-      detail::rethrow_naming_op(op.name, spec.device);  // out of memory names the op; other errors pass unchanged
+      detail::rethrow_naming_op(op.name, spec.device);  // out of memory and sizes name the op; other errors pass unchanged
     }
   }
   if (detail::any_tape_active()) {

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "core/check.hpp"
 #include "flowlet/core/format.hpp"
 
 namespace flowlet::detail {
@@ -148,16 +149,8 @@ struct ThreadCacheReaper {
   }
 };
 
-// This thread's cache, or nullptr once the thread is exiting. A cache older than the last
-// cpu_release_cached frees its blocks first.
-ThreadCache* local_cache() {
-  if (ThreadCache* cache = thread_cache) [[likely]] {
-    if (cache->generation != release_generation.load(std::memory_order_relaxed)) [[unlikely]] {
-      cache->generation = release_generation.load(std::memory_order_relaxed);
-      cache->release();
-    }
-    return cache;
-  }
+// Makes this thread's cache (first allocation on the thread), or nullptr once the thread is exiting.
+[[gnu::noinline]] ThreadCache* new_local_cache() {
   if (thread_cache_gone) return nullptr;
   static thread_local ThreadCacheReaper reaper;
   (void)reaper;
@@ -169,6 +162,23 @@ ThreadCache* local_cache() {
   }
   thread_cache = cache.release();
   return thread_cache;
+}
+
+// Frees the blocks of a cache older than the last cpu_release_cached.
+[[gnu::noinline]] void refresh_local_cache(ThreadCache& cache) {
+  cache.generation = release_generation.load(std::memory_order_relaxed);
+  cache.release();
+}
+
+// This thread's cache, or nullptr once the thread is exiting. Inline: every allocation and free
+// asks, and the common case is two loads and a compare (the rest is out of line above).
+inline ThreadCache* local_cache() {
+  ThreadCache* cache = thread_cache;
+  if (cache == nullptr) [[unlikely]] return new_local_cache();
+  if (cache->generation != release_generation.load(std::memory_order_relaxed)) [[unlikely]] {
+    refresh_local_cache(*cache);
+  }
+  return cache;
 }
 
 [[noreturn]] void fail_cpu_allocation(size_t bytes, Device device, size_t released) {
@@ -193,12 +203,29 @@ void fail_allocation_too_large(size_t bytes, Device device) {
   throw OutOfMemory(kUnnamedAllocation, device, bytes, ", more than any machine has (2^52)");
 }
 
+namespace {
+// fail_size's text for an allocation that names no op, so a direct Tensor::empty caller reads the
+// same message as an op's caller (error path only).
+std::string unnamed_size_message(const Shape& shape, DType dtype) {
+  try {
+    fail_size("empty", shape, dtype);
+  } catch (const ShapeError& e) {
+    return e.what();
+  }
+}
+}  // namespace
+
+UnnamedSizeError::UnnamedSizeError(const Shape& shape, DType dtype)
+    : ShapeError(unnamed_size_message(shape, dtype)), shape_(shape), dtype_(dtype) {}
+
 void rethrow_naming_op(std::string_view op, Device device) {
   try {
     throw;
   } catch (const OutOfMemory& e) {
     if (e.op() != kUnnamedAllocation) throw;  // a nested op already named itself
     throw OutOfMemory(op, e.device(), e.bytes(), e.reason());
+  } catch (const UnnamedSizeError& e) {
+    fail_size(op, e.shape(), e.dtype());
   } catch (const std::bad_alloc&) {
     throw ResourceExhausted(fmt::format(
         "{}: out of memory on {}; got std::bad_alloc while the kernel allocated scratch memory; free tensors you no "

@@ -9,7 +9,9 @@
 #include <string_view>
 
 #include "flowlet/core/device.hpp"
+#include "flowlet/core/dtype.hpp"
 #include "flowlet/core/error.hpp"
+#include "flowlet/core/shape.hpp"
 
 namespace flowlet::detail {
 
@@ -39,9 +41,24 @@ class OutOfMemory : public ResourceExhausted {
 };
 inline constexpr std::string_view kUnnamedAllocation = "storage";
 
+// The ShapeError Tensor::empty throws for a shape that breaks the size rule (check.hpp). It knows
+// no op and says "empty"; the dispatcher re-throws it under the op's name (rethrow_naming_op), so
+// an eager op's outputs are checked once, by the allocation itself.
+class UnnamedSizeError : public ShapeError {
+ public:
+  UnnamedSizeError(const Shape& shape, DType dtype);
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+
+ private:
+  Shape shape_;
+  DType dtype_;
+};
+
 // Called from a catch block while `op` allocates its outputs or runs its kernel on `device`:
-// re-throws an OutOfMemory from an allocator under the op's name and turns std::bad_alloc (a
-// kernel's own scratch memory) into ResourceExhausted; re-throws anything else unchanged.
+// re-throws an OutOfMemory from an allocator or an UnnamedSizeError from Tensor::empty under the
+// op's name and turns std::bad_alloc (a kernel's own scratch memory) into ResourceExhausted;
+// re-throws anything else unchanged.
 [[noreturn]] void rethrow_naming_op(std::string_view op, Device device);
 
 // The largest request any allocator tries: beyond any machine, and the size classes end there.

@@ -104,7 +104,8 @@ Storage::~Storage() {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   // One pass over the dimensions, as every op's output comes here: the row-major strides
-  // (contiguous_strides), the element count, and the size rule (detail::check_size).
+  // (contiguous_strides), the element count, and the size rule (detail::check_size). The eager
+  // dispatcher relies on this check for the outputs it allocates (and names the op).
   auto impl = make_ref<detail::TensorImpl>();
   impl->strides = Strides(shape.size(), 1);
   int64_t step = 1;  // the product of the non-zero dimensions so far
@@ -113,15 +114,15 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
     impl->strides[i] = step;
     const int64_t d = shape[i];
     if (d <= 0) [[unlikely]] {
-      if (d < 0) detail::fail_size("empty", shape, dtype);
+      if (d < 0) throw detail::UnnamedSizeError(shape, dtype);
       has_zero = true;
     } else if (__builtin_mul_overflow(step, d, &step)) [[unlikely]] {
-      detail::fail_size("empty", shape, dtype);
+      throw detail::UnnamedSizeError(shape, dtype);
     }
   }
   int64_t bytes = 0;
   if (__builtin_mul_overflow(step, static_cast<int64_t>(dtype_size(dtype)), &bytes)) [[unlikely]] {
-    detail::fail_size("empty", shape, dtype);
+    throw detail::UnnamedSizeError(shape, dtype);
   }
   impl->shape = shape;
   impl->numel = has_zero ? 0 : step;

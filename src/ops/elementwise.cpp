@@ -60,12 +60,22 @@ void run_upcast(const OpCall& call, std::span<Tensor> out, KernelFn kernel) {
 template <ElementwiseKind Kind, DTypeSet Allowed>
 void elementwise_infer(const OpCall& call, OutputSpec& spec) {
   const std::span<const Tensor> in = call.inputs;
-  for (size_t k = 1; k < in.size(); ++k) check_same_dtype(call.op.name, in[0], in[k]);
-  check_dtype(call.op.name, in[0].dtype(), Allowed);
-  // Built in place (no copy for the unary and binary kinds): this rule runs on every eager call.
-  Shape shape = in.size() == 1 ? in[0].shape() : broadcast_shapes(call.op.name, in[0].shape(), in[1].shape());
-  for (size_t k = 2; k < in.size(); ++k) shape = broadcast_shapes(call.op.name, shape, in[k].shape());
-  spec.outputs[0] = {std::move(shape), Kind == ElementwiseKind::compare ? b8 : in[0].dtype()};
+  // Each kind writes its output meta in one go (no Shape moved through a local): this rule runs on
+  // every eager call.
+  if constexpr (Kind == ElementwiseKind::unary) {
+    check_dtype(call.op.name, in[0].dtype(), Allowed);
+    spec.outputs[0] = {in[0].shape(), in[0].dtype()};
+  } else if constexpr (Kind == ElementwiseKind::binary || Kind == ElementwiseKind::compare) {
+    check_same_dtype(call.op.name, in[0], in[1]);
+    check_dtype(call.op.name, in[0].dtype(), Allowed);
+    spec.outputs[0] = {broadcast_shapes(call.op.name, in[0].shape(), in[1].shape()),
+                       Kind == ElementwiseKind::compare ? b8 : in[0].dtype()};
+  } else {
+    for (size_t k = 1; k < in.size(); ++k) check_same_dtype(call.op.name, in[0], in[k]);
+    check_dtype(call.op.name, in[0].dtype(), Allowed);
+    const Shape shape = broadcast_shapes(call.op.name, in[0].shape(), in[1].shape());
+    spec.outputs[0] = {broadcast_shapes(call.op.name, shape, in[2].shape()), in[0].dtype()};
+  }
 }
 
 // The f32 SIMD versions of the transcendentals (libmvec, kernels/vector_math.hpp), or null.
