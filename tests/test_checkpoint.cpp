@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -531,30 +532,46 @@ std::string many_entries_file(int count, bool duplicate_last) {
   return make_file(entries, std::string(8, '\0'));
 }
 
-TEST_CASE("a header with 40,000 keys restores in well under a second, and a duplicate among them is still found") {
+// Seconds restore_checkpoint takes for a header of `count` keys (the fastest of two tries, so a
+// moment of load on the machine does not count).
+double restore_seconds(const std::string& path, int count) {
+  write_file(path, many_entries_file(count, false));
+  double best = 1e9;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    fl::Variable w(fl::ones({2}), "w");
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(fl::restore_checkpoint(path, {w}) == 7);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    CHECK(w.value().to_vector<float>() == std::vector<float>{0, 0});
+  }
+  return best;
+}
+
+TEST_CASE("a header with 40,000 keys restores in time linear in its keys, and a duplicate among them is still found") {
   TempDir dir;
   const std::string path = dir.file("many.safetensors");
-  fl::Variable w(fl::ones({2}), "w");
-
-  write_file(path, many_entries_file(40'000, false));
-  auto start = std::chrono::steady_clock::now();
-  CHECK(fl::restore_checkpoint(path, {w}) == 7);
-  const double restore_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  CHECK(w.value().to_vector<float>() == std::vector<float>{0, 0});
+  const double small_s = restore_seconds(path, 4'000);
+  const double restore_s = restore_seconds(path, 40'000);
   fl::Variable last(fl::zeros({0}), "k39999");
   CHECK(fl::restore_checkpoint(path, {last}) == 7);
 
-  w.assign(fl::ones({2}));
+  fl::Variable w(fl::ones({2}), "w");
   write_file(path, many_entries_file(40'000, true));
-  start = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
   test::check_op_throws<fl::InvalidArgument>("restore_checkpoint", [&] { fl::restore_checkpoint(path, {w}); },
                                              {path, "duplicate key \"k0\""});
   const double reject_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(w.value().to_vector<float>() == std::vector<float>{1, 1});
-  MESSAGE("40,000 keys: restored in " << restore_s << " s, duplicate rejected in " << reject_s << " s");
-  // A scan per key took 21 s here; linear parsing takes about 0.2 s in a release build.
-  CHECK(restore_s < 1.0);
-  CHECK(reject_s < 1.0);
+  MESSAGE("4,000 keys restored in " << small_s << " s; 40,000 keys restored in " << restore_s
+                                    << " s, a duplicate rejected in " << reject_s << " s");
+  // Ten times the keys: about ten times the time when parsing is linear, a hundred times when each
+  // key is checked against all before it (a scan per key took 21 s here for 40,000; linear parsing
+  // takes about 0.2 s in a release build and about 1 s under ThreadSanitizer). The ratio does not
+  // depend on the build or the machine's speed; the millisecond added to the small case keeps a
+  // very fast one from making it noise.
+  CHECK(restore_s < 30 * (small_s + 0.001));
+  CHECK(restore_s < 10.0);
+  CHECK(reject_s < 10.0);
 }
 
 TEST_CASE("CheckpointManager throws on a directory it cannot list instead of reporting no checkpoint") {
