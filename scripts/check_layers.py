@@ -18,7 +18,7 @@ LAYERS = [
     ("kernels", ["src/kernels/"]),
     ("ops", ["src/ops/", "flowlet/op.hpp", "flowlet/dispatch.hpp", "flowlet/ops/", "src/registry.cpp"]),
     ("recording", ["src/dispatch.cpp", "src/autodiff/", "flowlet/autodiff.hpp", "src/trace/tracer.",
-                   "src/trace/graph", "flowlet/graph.hpp", "src/trace/source_trace.", "src/trace/json_text.hpp"]),
+                   "src/trace/graph", "flowlet/graph.hpp", "flowlet/eager_scope.hpp", "src/trace/source_trace.", "src/trace/json_text.hpp"]),
     ("state", ["src/state/", "flowlet/variable.hpp", "src/queue/", "flowlet/queue.hpp"]),
     ("backends and passes", ["src/cuda/", "src/trace/passes/"]),
     ("exec", ["src/exec/", "flowlet/run_info.hpp"]),

@@ -41,6 +41,7 @@
 #include <fmt/format.h>
 
 #include "flowlet/core/tensor.hpp"
+#include "flowlet/eager_scope.hpp"
 #include "flowlet/graph.hpp"
 #include "flowlet/run_info.hpp"
 
@@ -77,21 +78,6 @@ struct TraceCacheStats {
   // this grows by a small constant per call, whatever the number of cached graphs.
   int64_t signature_comparisons = 0;
 };
-
-// Ops inside run eagerly even while fn is being traced: one-time set-up such as creating variables.
-class EagerScope {
- public:
-  EagerScope();
-  ~EagerScope();
-  EagerScope(const EagerScope&) = delete;
-  EagerScope& operator=(const EagerScope&) = delete;
-
- private:
-  void* saved_;
-};
-
-// True while the calling thread is tracing a function (ops record instead of running).
-bool is_tracing();
 
 namespace detail {
 

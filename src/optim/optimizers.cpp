@@ -4,11 +4,11 @@
 #include <mutex>
 
 #include "core/check.hpp"
-#include "state/variable_state.hpp"
+#include "flowlet/eager_scope.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/optim.hpp"
-#include "flowlet/trace.hpp"
+#include "state/variable_state.hpp"
 
 namespace flowlet::optim {
 namespace {

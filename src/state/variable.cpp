@@ -11,6 +11,7 @@
 #include "core/device_scope_state.hpp"
 #include "flowlet/autodiff.hpp"
 #include "flowlet/device_scope.hpp"
+#include "flowlet/eager_scope.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "runtime/thread_pool.hpp"
 #include "state/variable_ops.hpp"
@@ -32,7 +33,7 @@ Variable::Variable(Tensor initial, std::string name) {
   }
   state_ = std::make_shared<detail::VariableState>();
   state_->name = std::move(name);
-  detail::EagerScope eager;  // the private copy below is made now, even inside a trace
+  EagerScope eager;  // the private copy below is made now, even inside a trace
   detail::NoDeviceScope here;  // a variable lives where its initial value is
   state_->value = cast(initial, initial.dtype());  // a private contiguous copy of the caller's tensor
 }

@@ -22,11 +22,6 @@
 
 namespace flowlet {
 
-EagerScope::EagerScope() : saved_(new detail::ActiveTraceScope(nullptr)) {}
-EagerScope::~EagerScope() { delete static_cast<detail::ActiveTraceScope*>(saved_); }
-
-bool is_tracing() { return detail::active_trace() != nullptr; }
-
 namespace detail {
 namespace {
 

@@ -2,9 +2,11 @@
 #include "trace/tracer.hpp"
 
 #include <atomic>
+#include <utility>
 
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
+#include "flowlet/eager_scope.hpp"
 #include "trace/source_trace.hpp"
 
 namespace flowlet::detail {
@@ -136,3 +138,12 @@ void TraceBuilder::set_outputs(std::span<const Tensor> outputs) {
 }
 
 }  // namespace flowlet::detail
+
+namespace flowlet {
+
+EagerScope::EagerScope() : suspended_(std::exchange(detail::active, nullptr)) {}
+EagerScope::~EagerScope() { detail::active = suspended_; }
+
+bool is_tracing() { return detail::active != nullptr; }
+
+}  // namespace flowlet

@@ -94,9 +94,3 @@ Tensor make_symbolic(const TensorMeta& meta, Device device, uint32_t trace_id, i
 
 }  // namespace flowlet::detail
 
-namespace flowlet::detail {
-// Ops inside run eagerly even while a trace is active (creating variables and optimizer slots).
-struct EagerScope : ActiveTraceScope {
-  EagerScope() : ActiveTraceScope(nullptr) {}
-};
-}  // namespace flowlet::detail
