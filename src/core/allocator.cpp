@@ -48,6 +48,15 @@ void* system_allocate(size_t bytes) {
   return posix_memalign(&p, kAlignment, bytes) == 0 ? p : nullptr;
 }
 
+// Returns every block of `free_blocks` to the system (the caller accounts for the bytes).
+template <size_t N>
+void free_all(std::vector<void*> (&free_blocks)[N]) {
+  for (auto& list : free_blocks) {
+    for (void* p : list) std::free(p);
+    list.clear();
+  }
+}
+
 struct SharedPool {
   std::mutex mutex;
   std::vector<void*> free_blocks[kNumClasses];
@@ -76,10 +85,7 @@ struct SharedPool {
   }
   size_t release() {
     std::lock_guard lock(mutex);
-    for (auto& list : free_blocks) {
-      for (void* p : list) std::free(p);
-      list.clear();
-    }
+    free_all(free_blocks);
     return std::exchange(cached_bytes, 0);
   }
   size_t cached() {
@@ -109,10 +115,7 @@ struct ThreadCache {
     bytes.store(bytes.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
   }
   size_t release() {
-    for (auto& list : free_blocks) {
-      for (void* p : list) std::free(p);
-      list.clear();
-    }
+    free_all(free_blocks);
     return static_cast<size_t>(bytes.exchange(0, std::memory_order_relaxed));
   }
 };
@@ -190,10 +193,13 @@ inline ThreadCache* local_cache() {
 
 }  // namespace
 
+// What every out-of-memory message tells the user to do.
+constexpr std::string_view kOutOfMemoryAdvice =
+    "free tensors you no longer need, call release_cached_memory(), or use smaller batches";
+
 OutOfMemory::OutOfMemory(std::string_view op, Device device, size_t bytes, std::string_view reason)
-    : ResourceExhausted(fmt::format("{}: out of memory on {}; got a request for {} bytes{}; free tensors you no "
-                                    "longer need, call release_cached_memory(), or use smaller batches",
-                                    op, device, bytes, reason)),
+    : ResourceExhausted(fmt::format("{}: out of memory on {}; got a request for {} bytes{}; {}", op, device, bytes,
+                                    reason, kOutOfMemoryAdvice)),
       op_(op),
       device_(device),
       bytes_(bytes),
@@ -203,20 +209,8 @@ void fail_allocation_too_large(size_t bytes, Device device) {
   throw OutOfMemory(kUnnamedAllocation, device, bytes, ", more than any machine has (2^52)");
 }
 
-namespace {
-// fail_size's text for an allocation that names no op, so a direct Tensor::empty caller reads the
-// same message as an op's caller (error path only).
-std::string unnamed_size_message(const Shape& shape, DType dtype) {
-  try {
-    fail_size("empty", shape, dtype);
-  } catch (const ShapeError& e) {
-    return e.what();
-  }
-}
-}  // namespace
-
 UnnamedSizeError::UnnamedSizeError(const Shape& shape, DType dtype)
-    : ShapeError(unnamed_size_message(shape, dtype)), shape_(shape), dtype_(dtype) {}
+    : ShapeError(size_rule_message("empty", shape, dtype)), shape_(shape), dtype_(dtype) {}
 
 void rethrow_naming_op(std::string_view op, Device device) {
   try {
@@ -228,9 +222,8 @@ void rethrow_naming_op(std::string_view op, Device device) {
     fail_size(op, e.shape(), e.dtype());
   } catch (const std::bad_alloc&) {
     throw ResourceExhausted(fmt::format(
-        "{}: out of memory on {}; got std::bad_alloc while the kernel allocated scratch memory; free tensors you no "
-        "longer need, call release_cached_memory(), or use smaller batches",
-        op, device));
+        "{}: out of memory on {}; got std::bad_alloc while the kernel allocated scratch memory; {}", op, device,
+        kOutOfMemoryAdvice));
   }
 }
 

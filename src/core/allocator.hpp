@@ -41,6 +41,9 @@ class OutOfMemory : public ResourceExhausted {
 };
 inline constexpr std::string_view kUnnamedAllocation = "storage";
 
+// The text of fail_size (check.hpp) for `op`; UnnamedSizeError says the same with op "empty".
+std::string size_rule_message(std::string_view op, const Shape& shape, DType dtype);
+
 // The ShapeError Tensor::empty throws for a shape that breaks the size rule (check.hpp). It knows
 // no op and says "empty"; the dispatcher re-throws it under the op's name (rethrow_naming_op), so
 // an eager op's outputs are checked once, by the allocation itself.

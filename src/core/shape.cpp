@@ -1,4 +1,5 @@
 // Shape printing and the shape checks shared by every op.
+#include "core/allocator.hpp"
 #include "core/check.hpp"
 
 namespace flowlet {
@@ -20,15 +21,17 @@ void throw_strides_overflow(const Shape& shape) {
   fail<ShapeError>("strides: a stride overflows int64; got shape {}", shape);
 }
 
-void fail_size(std::string_view op, const Shape& shape, DType dtype) {
+std::string size_rule_message(std::string_view op, const Shape& shape, DType dtype) {
   for (int64_t d : shape) {
-    if (d < 0) fail<ShapeError>("{}: dimensions must be >= 0; got shape {}", op, shape);
+    if (d < 0) return fmt::format("{}: dimensions must be >= 0; got shape {}", op, shape);
   }
-  fail<ShapeError>(
+  return fmt::format(
       "{}: shape has more bytes than fit in memory (the product of its non-zero dimensions times the item size must "
       "fit in int64); got shape {} of {}",
       op, shape, dtype);
 }
+
+void fail_size(std::string_view op, const Shape& shape, DType dtype) { throw ShapeError(size_rule_message(op, shape, dtype)); }
 
 void check_shape(std::string_view op, const Shape& shape) {
   int64_t count = 1;
