@@ -85,5 +85,11 @@ class Cancelled : public Error {
  public:
   using Error::Error;
 };
+// A wait on other participants ran past its limit (a collective whose peers did not all arrive);
+// the message names the operation and who did not arrive.
+class DeadlineExceeded : public Error {
+ public:
+  using Error::Error;
+};
 
 }  // namespace flowlet
