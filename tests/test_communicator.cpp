@@ -10,6 +10,7 @@
 
 #include "collective/communicator.hpp"
 #include "collective/transport/process.hpp"
+#include "support/gpu.hpp"
 #include "support/reference.hpp"
 
 namespace {
@@ -79,6 +80,17 @@ fl::Tensor on(const fl::Tensor& t, int device) { return t.to(fl::Device(fl::Devi
 // Rethrows participant i's error (for check_throws), or fails when there is none.
 void rethrow(const Outcome& o) {
   if (o.error) std::rethrow_exception(o.error);
+}
+
+// The participant's error message, or empty when it succeeded.
+std::string outcome_error(const Outcome& o) {
+  if (!o.error) return "";
+  try {
+    std::rethrow_exception(o.error);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "unknown error";
 }
 
 std::vector<double> results_of(const Outcome& o) {
@@ -506,4 +518,71 @@ TEST_CASE("destroying a communicator with a call waiting fails that call with Ca
   comm.reset();
   const std::exception_ptr error = got.get_future().get();
   test::check_throws<fl::Cancelled>([&] { std::rethrow_exception(error); }, {"destroyed"});
+}
+
+TEST_CASE("GPU participants (NCCL): every kind on every visible GPU, against the host result") {
+  if (test::skip_without_gpu()) return;
+  ensure_devices();
+  const int gpus = fl::device_count(fl::DeviceKind::cuda);
+  std::vector<fl::Device> devices;
+  for (int i = 0; i < gpus; ++i) devices.emplace_back(fl::DeviceKind::cuda, i);
+  std::shared_ptr<Communicator> comm;
+  try {
+    comm = fl::detail::make_communicator(devices);
+  } catch (const fl::DeviceError& e) {
+    MESSAGE("skipped: " << e.what());  // a build without NCCL
+    return;
+  }
+  const int n = comm->size();
+  auto gpu = [&](const fl::Tensor& t, int local) { return t.to(devices[local]); };
+  for (fl::DType dt : {fl::f32, fl::f16, fl::bf16, fl::i32, fl::i64, fl::u8, fl::b8, fl::f64}) {
+    CAPTURE(dt);
+    for (fl::ReduceOp op : {fl::ReduceOp::sum, fl::ReduceOp::mean, fl::ReduceOp::max, fl::ReduceOp::min}) {
+      CAPTURE(fl::to_string(op));
+      const auto out = run_all(*comm, [&](int i) {
+        const std::vector<double> v = dt == fl::b8 ? std::vector<double>{1, 0, i == 0 ? 1.0 : 0.0}
+                                                   : std::vector<double>{1.0 + i, 2.0 * i, 5};
+        return call_of(CollectiveKind::all_reduce, gpu(test::make(v, dt), i), op);
+      });
+      std::vector<double> want(3);
+      for (int k = 0; k < 3; ++k) {
+        double s = 0, mx = -1e300, mn = 1e300;
+        for (int i = 0; i < n; ++i) {
+          const double v = dt == fl::b8 ? std::vector<double>{1, 0, i == 0 ? 1.0 : 0.0}[k]
+                                        : std::vector<double>{1.0 + i, 2.0 * i, 5}[k];
+          s += v, mx = std::max(mx, v), mn = std::min(mn, v);
+        }
+        if (dt == fl::b8) {
+          want[k] = (op == fl::ReduceOp::sum || op == fl::ReduceOp::max) ? (mx > 0) : (mn > 0);
+        } else if (op == fl::ReduceOp::sum) {
+          want[k] = s;
+        } else if (op == fl::ReduceOp::mean) {
+          want[k] = test::is_float(dt) ? test::round_to(s / n, dt) : std::trunc(s / n);
+        } else {
+          want[k] = op == fl::ReduceOp::max ? mx : mn;
+        }
+      }
+      for (int i = 0; i < n; ++i) {
+        REQUIRE(outcome_error(out[i]) == "");
+        CHECK(out[i].result.device() == devices[i]);
+        CHECK(expect(out[i].result, want, {3}));
+      }
+    }
+  }
+  const auto gathered = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_gather, gpu(fl::scalar(int64_t{i + 1}), i)); });
+  std::vector<int64_t> want;
+  for (int i = 0; i < n; ++i) want.push_back(i + 1);
+  for (int i = 0; i < n; ++i) CHECK(gathered[i].result.to_vector<int64_t>() == want);
+  const auto cast = run_all(*comm, [&](int i) {
+    return call_of(CollectiveKind::broadcast, gpu(test::make({10.0 + i}), i), fl::ReduceOp::sum, n - 1);
+  });
+  for (int i = 0; i < n; ++i) CHECK(expect(cast[i].result, {10.0 + n - 1}, {1}));
+  const auto scattered = run_all(*comm, [&](int i) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (int k = 0; k < n; ++k) v[k] = 100.0 * k + i;
+    return call_of(CollectiveKind::reduce_scatter, gpu(test::make(v), i));
+  });
+  for (int i = 0; i < n; ++i) CHECK(expect(scattered[i].result, {100.0 * n * i + n * (n - 1) / 2.0}, {1}));
+  const auto barrier = run_all(*comm, [&](int) { return call_of(CollectiveKind::barrier, fl::Tensor()); });
+  for (int i = 0; i < n; ++i) CHECK(outcome_error(barrier[i]) == "");
 }

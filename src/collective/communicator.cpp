@@ -1,6 +1,9 @@
 #include "collective/communicator.hpp"
 
-#include <future>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <thread>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -49,17 +52,37 @@ const char* collective_name(CollectiveKind kind) {
 }
 
 Tensor Communicator::run(int local, CollectiveCall call) {
-  // The communicator's watchdog bounds the wait: every call ends, with a result or an error.
-  std::promise<Tensor> promise;
-  std::future<Tensor> result = promise.get_future();
-  start(local, std::move(call), [&promise](Tensor value, std::exception_ptr error) {
-    if (error != nullptr) {
-      promise.set_exception(error);
-    } else {
-      promise.set_value(std::move(value));
+  // The communicator's watchdog bounds the wait: every call ends, with a result or an error. The
+  // caller spins briefly before sleeping, as small collectives complete within microseconds and a
+  // futex wake-up would cost as much again. Shared with the callback, which may still be notifying
+  // when this returns.
+  struct Waiting {
+    std::atomic<bool> ready{false};
+    std::mutex mutex;
+    std::condition_variable wake;
+    Tensor result;
+    std::exception_ptr error;
+  };
+  auto waiting = std::make_shared<Waiting>();
+  start(local, std::move(call), [waiting](Tensor value, std::exception_ptr error) {
+    waiting->result = std::move(value);
+    waiting->error = error;
+    {
+      std::lock_guard lock(waiting->mutex);
+      waiting->ready.store(true, std::memory_order_release);
     }
+    waiting->wake.notify_one();
   });
-  return result.get();
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  while (!waiting->ready.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spin_until) {
+    std::this_thread::yield();
+  }
+  if (!waiting->ready.load(std::memory_order_acquire)) {
+    std::unique_lock lock(waiting->mutex);
+    waiting->wake.wait(lock, [&] { return waiting->ready.load(std::memory_order_acquire); });
+  }
+  if (waiting->error != nullptr) std::rethrow_exception(waiting->error);
+  return std::move(waiting->result);
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include "collective/transport/reduction.hpp"
 #include "flowlet/core/error.hpp"
 #include "flowlet/core/format.hpp"
+#include "runtime/thread_pool.hpp"
 
 namespace flowlet::detail {
 
@@ -18,6 +19,15 @@ size_t byte_count(int64_t elements, DType dtype) { return static_cast<size_t>(el
 
 Tensor flat(const Tensor& t, const Shape& shape) {
   return Tensor::view(t.storage(), shape, contiguous_strides(shape), t.offset(), t.dtype());
+}
+
+// memcpy split over the thread pool for large buffers (a result per participant is a full copy).
+void copy_bytes(void* to, const void* from, size_t bytes) {
+  constexpr int64_t kGrain = int64_t{1} << 20;
+  parallel_for(static_cast<int64_t>(bytes), kGrain, [&](int64_t begin, int64_t end) {
+    std::memcpy(static_cast<std::byte*>(to) + begin, static_cast<const std::byte*>(from) + begin,
+                static_cast<size_t>(end - begin));
+  });
 }
 
 // Does finish() change anything, or is the wire buffer already the result?
@@ -119,7 +129,7 @@ Tensor combine_local(const std::vector<Arrival>& arrivals, int participants, int
       Tensor wire = Tensor::empty(Shape{n * static_cast<int64_t>(arrivals.size())}, dtype, device);
       auto* out = static_cast<std::byte*>(wire.raw_data());
       for (size_t i = 0; i < arrivals.size(); ++i) {
-        if (n > 0) std::memcpy(out + i * byte_count(n, dtype), arrivals[i].call.input.raw_data(), byte_count(n, dtype));
+        if (n > 0) copy_bytes(out + i * byte_count(n, dtype), arrivals[i].call.input.raw_data(), byte_count(n, dtype));
       }
       return wire;
     }
@@ -156,13 +166,13 @@ std::vector<Tensor> distribute(const std::vector<Arrival>& arrivals, const Tenso
   } else if (first.kind == CollectiveKind::broadcast) {
     // The wire buffer may be the root's own input: every participant gets a fresh tensor.
     results[0] = Tensor::empty(shape, dtype, devices[0]);
-    if (n > 0) std::memcpy(results[0].raw_data(), global_wire.raw_data(), byte_count(n, dtype));
+    if (n > 0) copy_bytes(results[0].raw_data(), global_wire.raw_data(), byte_count(n, dtype));
   } else {
     results[0] = flat(global_wire, shape);
   }
   for (size_t i = 1; i < arrivals.size(); ++i) {
     results[i] = Tensor::empty(shape, dtype, devices[i]);
-    if (n > 0) std::memcpy(results[i].raw_data(), results[0].raw_data(), byte_count(n, dtype));
+    if (n > 0) copy_bytes(results[i].raw_data(), results[0].raw_data(), byte_count(n, dtype));
   }
   return results;
 }

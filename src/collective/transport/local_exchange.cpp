@@ -123,8 +123,9 @@ void LocalExchange::arrive(int local, CollectiveCall call, CollectiveDone done) 
         if (group.error == nullptr) complete = std::move(group.arrivals);
         groups_.erase(it);
       } else if (fresh) {
+        // No wake-up needed: the watchdog sleeps at most one timeout, and a group made now expires
+        // after whatever it sleeps toward (see watch()).
         start_watchdog_locked();
-        wake_.notify_all();
       }
     }
   }
@@ -177,11 +178,9 @@ void LocalExchange::watch() {
       lock.lock();
       continue;
     }
-    if (next == std::chrono::steady_clock::time_point::max()) {
-      wake_.wait(lock);
-    } else {
-      wake_.wait_until(lock, next);
-    }
+    // Never longer than one timeout from now: every group made later expires after that, so
+    // arrive() need not wake this thread for each new group.
+    wake_.wait_until(lock, std::min(next, now + timeout_));
   }
 }
 

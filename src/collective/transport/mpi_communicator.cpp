@@ -193,6 +193,7 @@ void MpiCommunicator::enqueue(Job job) {
     const uint64_t number = job.number;
     jobs_.emplace(number, std::move(job));
     ++in_flight_;
+    if (!progress_sleeping_) return;  // it is spinning for work and will see this job
   }
   wake_.notify_all();
 }
@@ -213,7 +214,9 @@ void MpiCommunicator::progress() {
       continue;
     }
     if (stopping_) return;
+    progress_sleeping_ = true;
     wake_.wait(lock);
+    progress_sleeping_ = false;
   }
 }
 
@@ -421,8 +424,8 @@ MpiCommunicator::Wait MpiCommunicator::wait_for(std::vector<MPI_Request>& reques
 
 MpiCommunicator::Wait MpiCommunicator::poll_until(const std::function<bool()>& done, Clock::time_point deadline,
                                                   uint64_t number) {
-  // Spin first (nonblocking collectives progress only inside MPI calls), then back off so that a
-  // long wait does not hold a core.
+  // Nonblocking collectives progress only inside MPI calls: test continuously, then back off so that
+  // a long wait does not hold a core.
   const Clock::time_point begin = Clock::now();
   for (uint64_t spins = 0;; ++spins) {
     if (done()) return Wait::done;
@@ -434,13 +437,11 @@ MpiCommunicator::Wait MpiCommunicator::poll_until(const std::function<bool()>& d
         if (peer_gone_before(number) >= 0) return Wait::peer_left;
       }
       if (now > deadline) return Wait::timed_out;
-      const auto waited = now - begin;
-      if (waited > std::chrono::milliseconds(100)) {
-        std::this_thread::sleep_for(std::chrono::microseconds(500));
-      } else if (waited > std::chrono::milliseconds(5)) {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+      // Large messages move in fragments, each needing an MPI call to progress: keep testing
+      // (yielding the core to whoever needs it) for a second before backing off to sleeps.
+      if (now - begin > std::chrono::seconds(1)) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    if (spins > 64) std::this_thread::yield();
   }
 }
 

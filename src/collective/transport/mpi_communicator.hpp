@@ -104,6 +104,7 @@ class MpiCommunicator final : public Communicator {
   std::map<uint64_t, Job> jobs_;  // complete local stages waiting for the progress thread
   uint64_t next_job_ = 0;
   bool busy_ = false;
+  bool progress_sleeping_ = false;  // waiting on wake_: enqueue() must notify
   std::atomic<int> in_flight_{0};  // calls enqueued whose participants have not all been answered
   bool stopping_ = false;
   std::thread progress_;

@@ -1,72 +1,111 @@
 #include "collective/transport/reduction.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "core/dtype_visit.hpp"
+#include "runtime/thread_pool.hpp"
 
 namespace flowlet::detail {
 
 namespace {
 
-// Integer sums go through the unsigned type: wrapping is defined there, signed overflow is not.
-template <class T>
-T wrapping_add(T a, T b) {
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-  } else {
-    return a + b;
-  }
-}
-
-template <class T>
-T combine(ReduceOp op, T a, T b) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return (op == ReduceOp::min || op == ReduceOp::mean) ? (a && b) : (a || b);
-  } else {
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::mean:
-        return wrapping_add(a, b);
-      case ReduceOp::max:
-        if constexpr (std::is_floating_point_v<T>) {
-          if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
-        }
-        return a < b ? b : a;
-      case ReduceOp::min:
-        if constexpr (std::is_floating_point_v<T>) {
-          if (std::isnan(a) || std::isnan(b)) return std::isnan(a) ? a : b;
-        }
-        return b < a ? b : a;
+// The element-wise combinations, one type each so that the loops below inline them and vectorize.
+struct Sum {
+  template <class T>
+  T operator()(T a, T b) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      return a || b;
+    } else if constexpr (std::is_integral_v<T>) {  // wrap through the unsigned type: defined there
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    } else {
+      return a + b;
     }
-    return a;
   }
-}
+};
+struct Max {
+  template <class T>
+  T operator()(T a, T b) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a) || std::isnan(b)) return a + b;  // NaN propagates
+    }
+    return a < b ? b : a;
+  }
+};
+struct Min {
+  template <class T>
+  T operator()(T a, T b) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a) || std::isnan(b)) return a + b;
+    }
+    return b < a ? b : a;
+  }
+};
+struct All {  // b8 min and mean
+  bool operator()(bool a, bool b) const { return a && b; }
+};
 
 // Wire type of a stored type: halves accumulate in float.
 template <class T>
 using Wire = std::conditional_t<std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>, float, T>;
 
-// Reduces blocks of elements so that each participant's block stays in cache while it is combined.
+// Blocks keep a block of every input in cache while it is combined; ranges of blocks go to the
+// thread pool's workers.
 constexpr int64_t kBlock = 4096;
+
+template <class T, class Combine>
+void accumulate_range(Combine combine, const std::vector<const void*>& inputs, Wire<T>* out, int64_t begin,
+                      int64_t end) {
+  using W = Wire<T>;
+  const auto* first = static_cast<const T*>(inputs[0]);
+  for (int64_t start = begin; start < end; start += kBlock) {
+    const int64_t stop = std::min(end, start + kBlock);
+    if (inputs.size() == 1) {
+      if constexpr (std::is_same_v<W, T>) {
+        if (out != first) std::memcpy(out + start, first + start, static_cast<size_t>(stop - start) * sizeof(T));
+      } else {
+        for (int64_t i = start; i < stop; ++i) out[i] = static_cast<W>(first[i]);
+      }
+      continue;
+    }
+    const auto* second = static_cast<const T*>(inputs[1]);
+    for (int64_t i = start; i < stop; ++i) out[i] = combine(static_cast<W>(first[i]), static_cast<W>(second[i]));
+    for (size_t p = 2; p < inputs.size(); ++p) {
+      const auto* in = static_cast<const T*>(inputs[p]);
+      for (int64_t i = start; i < stop; ++i) out[i] = combine(out[i], static_cast<W>(in[i]));
+    }
+  }
+}
 
 template <class T>
 void accumulate_typed(ReduceOp op, const std::vector<const void*>& inputs, void* out_raw, int64_t count) {
-  using W = Wire<T>;
-  auto* out = static_cast<W*>(out_raw);
-  for (int64_t start = 0; start < count; start += kBlock) {
-    const int64_t end = std::min(count, start + kBlock);
-    const auto* first = static_cast<const T*>(inputs[0]);
-    if constexpr (std::is_same_v<W, T>) {
-      if (out != first) std::memcpy(out + start, first + start, static_cast<size_t>(end - start) * sizeof(T));
+  auto* out = static_cast<Wire<T>*>(out_raw);
+  auto run = [&](auto combine) {
+    parallel_for(count, kParallelGrain, [&](int64_t begin, int64_t end) {
+      accumulate_range<T>(combine, inputs, out, begin, end);
+    });
+  };
+  if constexpr (std::is_same_v<T, bool>) {
+    if (op == ReduceOp::min || op == ReduceOp::mean) {
+      run(All{});
     } else {
-      for (int64_t i = start; i < end; ++i) out[i] = static_cast<W>(first[i]);
+      run(Sum{});
     }
-    for (size_t p = 1; p < inputs.size(); ++p) {
-      const auto* in = static_cast<const T*>(inputs[p]);
-      for (int64_t i = start; i < end; ++i) out[i] = combine<W>(op, out[i], static_cast<W>(in[i]));
+  } else {
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::mean:
+        run(Sum{});
+        break;
+      case ReduceOp::max:
+        run(Max{});
+        break;
+      case ReduceOp::min:
+        run(Min{});
+        break;
     }
   }
 }
@@ -77,19 +116,23 @@ void finish_typed(ReduceOp op, int participants, const void* wire_raw, void* out
   const auto* wire = static_cast<const W*>(wire_raw);
   auto* out = static_cast<T*>(out_raw);
   const bool divide = op == ReduceOp::mean && !std::is_same_v<T, bool>;
-  if constexpr (std::is_same_v<W, T>) {
-    if (!divide) {
-      if (static_cast<const void*>(out) != wire_raw) std::memcpy(out, wire, static_cast<size_t>(count) * sizeof(T));
-      return;
+  parallel_for(count, kParallelGrain, [&](int64_t begin, int64_t end) {
+    if constexpr (std::is_same_v<W, T>) {
+      if (!divide) {
+        if (static_cast<const void*>(out) != wire_raw) {
+          std::memcpy(out + begin, wire + begin, static_cast<size_t>(end - begin) * sizeof(T));
+        }
+        return;
+      }
     }
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    W value = wire[i];
-    if constexpr (!std::is_same_v<T, bool>) {
-      if (divide) value = static_cast<W>(value / static_cast<W>(participants));
+    for (int64_t i = begin; i < end; ++i) {
+      W value = wire[i];
+      if constexpr (!std::is_same_v<T, bool>) {
+        if (divide) value = static_cast<W>(value / static_cast<W>(participants));
+      }
+      out[i] = static_cast<T>(value);
     }
-    out[i] = static_cast<T>(value);
-  }
+  });
 }
 
 }  // namespace

@@ -1,0 +1,157 @@
+// f32 all-reduce, 4 KB ... 64 MB.
+//
+// Under a launcher (`mpirun -np 2 bench_all_reduce`): the world communicator's data-only path
+// (check_header = false, what a call site runs after its first use) and its first-use path (the
+// header exchange first) against a raw MPI_Allreduce of the same bytes on MPI_COMM_WORLD, printing
+// raw time / flowlet time per size (target >= 0.9 at every size).
+//
+// Without a launcher: an in-process communicator of 2 logical CPU devices (one thread each)
+// against memcpy. An all-reduce of 2 participants reads 2 inputs and writes 2 results, twice the
+// traffic of one memcpy of the same bytes, so the ideal is 2 x the memcpy time; the ratio printed is
+// that ideal over the measured time (1.0 = as fast as memory allows).
+//
+// Every process runs the same fixed iteration counts (collectives must match); a timing is the
+// slowest process's, the median of 7 repetitions.
+#include "collective/transport/mpi_include.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include <flowlet/flowlet.hpp>
+
+#include "collective/communicator.hpp"
+
+namespace fl = flowlet;
+using fl::detail::CollectiveCall;
+using fl::detail::CollectiveKind;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kRepetitions = 7;
+
+int64_t iterations_for(int64_t bytes) { return std::clamp<int64_t>((int64_t{256} << 20) / bytes, 4, 2000); }
+
+std::string size_text(int64_t bytes) {
+  return bytes >= (1 << 20) ? fmt::format("{} MB", bytes >> 20) : fmt::format("{} KB", bytes >> 10);
+}
+
+// Seconds per iteration of `body`, the median over repetitions of the slowest process.
+template <class F>
+double time_per_iteration(int64_t iterations, bool across_processes, F&& body) {
+  std::vector<double> samples;
+  body();  // warm-up: allocations, MPI connections
+  for (int r = 0; r < kRepetitions; ++r) {
+    if (across_processes) MPI_Barrier(MPI_COMM_WORLD);
+    const auto begin = Clock::now();
+    for (int64_t i = 0; i < iterations; ++i) body();
+    double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+    if (across_processes) MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    samples.push_back(seconds / static_cast<double>(iterations));
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+void across_processes() {
+  auto world = fl::detail::world_communicator();  // starts MPI
+  const bool print = fl::process_index() == 0;
+  if (print) {
+    fmt::print("all_reduce f32 sum over {} processes (world communicator, 1 participant each) vs MPI_Allreduce\n",
+               fl::process_count());
+    fmt::print("{:>8} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}\n", "size", "raw MPI us", "raw Iallr us",
+               "data-only us", "first-use us", "raw/data", "raw/first");
+  }
+  for (int64_t bytes = 4 << 10; bytes <= (int64_t{64} << 20); bytes *= 4) {
+    const int64_t n = bytes / 4;
+    const int64_t iterations = iterations_for(bytes);
+    const fl::Tensor input = fl::full({n}, 1.0 + fl::process_index(), fl::f32);
+    std::vector<float> send(static_cast<size_t>(n), 1.0f), receive(static_cast<size_t>(n));
+    const double raw = time_per_iteration(iterations, true, [&] {
+      MPI_Allreduce(send.data(), receive.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    });
+    // The nonblocking call flowlet's progress thread makes, waited for on the calling thread: what
+    // MPI's nonblocking path itself costs against the blocking one.
+    const double raw_nonblocking = time_per_iteration(iterations, true, [&] {
+      MPI_Request request;
+      MPI_Iallreduce(send.data(), receive.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &request);
+      int done = 0;
+      while (!done) MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    });
+    auto flowlet_path = [&](bool check_header) {
+      CollectiveCall call;
+      call.kind = CollectiveKind::all_reduce;
+      call.input = input;
+      call.check_header = check_header;
+      return time_per_iteration(iterations, true, [&] { world->run(0, call); });
+    };
+    const double data_only = flowlet_path(false);
+    const double first_use = flowlet_path(true);
+    // The result is right (every process holds 1 + its index).
+    CollectiveCall check;
+    check.input = input;
+    const float got = world->run(0, check).data<float>()[n - 1];
+    const int p = fl::process_count();
+    const float want = static_cast<float>(p + p * (p - 1) / 2);
+    if (print) {
+      fmt::print("{:>8} {:>12.1f} {:>12.1f} {:>12.1f} {:>12.1f} {:>10.2f} {:>10.2f}{}\n", size_text(bytes), raw * 1e6,
+                 raw_nonblocking * 1e6, data_only * 1e6, first_use * 1e6, raw / data_only, raw / first_use,
+                 got == want ? "" : fmt::format("  WRONG RESULT {} (want {})", got, want));
+    }
+  }
+  if (print) fmt::print("target: raw/data >= 0.9 at every size\n");
+}
+
+void in_process() {
+  fl::set_logical_cpu_devices(2);
+  auto comm = fl::detail::make_communicator({fl::Device("cpu:0"), fl::Device("cpu:1")});
+  fmt::print("all_reduce f32 sum, in-process, 2 logical CPU devices (one thread each) vs memcpy\n");
+  fmt::print("{:>8} {:>12} {:>12} {:>14} {:>12}\n", "size", "memcpy us", "all_reduce us", "all_reduce GB/s",
+             "2*memcpy/ar");
+  for (int64_t bytes = 4 << 10; bytes <= (int64_t{64} << 20); bytes *= 4) {
+    const int64_t n = bytes / 4;
+    const int64_t iterations = iterations_for(bytes);
+    std::vector<char> from(static_cast<size_t>(bytes), 1), to(static_cast<size_t>(bytes));
+    const double copy = time_per_iteration(iterations, false, [&] {
+      std::memcpy(to.data(), from.data(), from.size());
+      asm volatile("" : : : "memory");
+    });
+    std::vector<fl::Tensor> inputs = {fl::full({n}, 1.0, fl::f32, fl::Device("cpu:0")),
+                                      fl::full({n}, 2.0, fl::f32, fl::Device("cpu:1"))};
+    // Each participant runs the whole loop on its own thread, as replicas do.
+    auto loop = [&](int local) {
+      CollectiveCall call;
+      call.input = inputs[static_cast<size_t>(local)];
+      for (int64_t i = 0; i < iterations; ++i) comm->run(local, call);
+    };
+    std::vector<double> samples;
+    for (int r = 0; r < kRepetitions + 1; ++r) {  // the first is the warm-up
+      const auto begin = Clock::now();
+      std::thread second(loop, 1);
+      loop(0);
+      second.join();
+      if (r > 0) samples.push_back(std::chrono::duration<double>(Clock::now() - begin).count() / iterations);
+    }
+    std::sort(samples.begin(), samples.end());
+    const double reduce = samples[samples.size() / 2];
+    // Traffic: 2 inputs read, 2 results written.
+    fmt::print("{:>8} {:>12.1f} {:>12.1f} {:>14.2f} {:>12.2f}\n", size_text(bytes), copy * 1e6, reduce * 1e6,
+               4.0 * static_cast<double>(bytes) / reduce / 1e9, 2 * copy / reduce);
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (fl::process_count() > 1) {
+    across_processes();
+  } else {
+    in_process();
+  }
+  return 0;
+}
