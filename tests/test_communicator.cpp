@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "collective/communicator.hpp"
+#include "collective/transport/backends.hpp"
 #include "collective/transport/process.hpp"
 #include "support/gpu.hpp"
 #include "support/reference.hpp"
@@ -154,6 +155,8 @@ TEST_CASE("world communicator of a 1-process job: one participant on cpu:0") {
   CHECK(expect(world->run(0, call_of(CollectiveKind::all_gather, fl::scalar(4.0f))), {4}, {1}));
   CHECK(expect(world->run(0, call_of(CollectiveKind::reduce_scatter, x)), {1.5, -2, 3}, {3}));
   CHECK_FALSE(world->run(0, call_of(CollectiveKind::barrier, fl::Tensor())).defined());
+  // A non-distributed program pays nothing: MPI was never started.
+  CHECK_FALSE(fl::detail::mpi_started());
 }
 
 TEST_CASE("all_reduce over 4 participants: sum, mean, max, min, worked by hand") {

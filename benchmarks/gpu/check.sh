@@ -4,7 +4,8 @@
 #      development machine) into a folder of their own, never into /;
 #   2. configure and build flowlet with -Dcuda=enabled against that folder (test_cuda, bench_gpu);
 #   3. run test_cuda, test_cuda_copy, test_cuda_graph, the GPU benchmark and the PyTorch peer;
-#   4. write a short report, REPORT.md, and every log under $OUT.
+#   4. with NCCL: the communicator's GPU test case and bench_nccl_all_reduce (plain and mpirun -np 1);
+#   5. write a short report, REPORT.md, and every log under $OUT.
 # Each step logs and carries on after a failure, so one run says as much as it can.
 #
 # Usage (device tool): carry build/gpu-debs, then
@@ -153,6 +154,34 @@ if python3 -c "import torch" > /dev/null 2>&1; then
   note '```'
 else
   note "- torch_peer: no PyTorch on this machine"
+fi
+
+# 4. Collectives on the GPU (issue 12): the NCCL backend's test case and a 1-rank NCCL all_reduce
+# against a raw ncclAllReduce, run plainly and (when Open MPI is installed here) as mpirun -np 1.
+# Built only when the configure step found NCCL (nccl.h and libnccl next to CUDA).
+if grep -q "NCCL *: *True" "$OUT/configure.log" 2> /dev/null; then
+  if step build_nccl 120 ninja -C "$build" -j "$(nproc)" tests/test_communicator \
+      benchmarks/collective/bench_nccl_all_reduce; then
+    step test_communicator_gpu 60 "$build/tests/test_communicator" --test-case="GPU participants*"
+    note '```'
+    grep -E "test cases:|assertions:|ERROR|FATAL|skipped" "$OUT/test_communicator_gpu.log" | head -n 20 >> "$report"
+    note '```'
+    step bench_nccl 60 "$build/benchmarks/collective/bench_nccl_all_reduce"
+    note '```'
+    grep -E "^(nccl|error)" "$OUT/bench_nccl.log" >> "$report"
+    note '```'
+    if command -v mpirun > /dev/null; then
+      step bench_nccl_mpirun 60 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        mpirun --oversubscribe -np 1 "$build/benchmarks/collective/bench_nccl_all_reduce"
+      note '```'
+      grep -E "^(nccl|error)" "$OUT/bench_nccl_mpirun.log" >> "$report"
+      note '```'
+    else
+      note "- bench_nccl_mpirun: no mpirun on this machine"
+    fi
+  fi
+else
+  note "- nccl: not built (configure found no NCCL; see configure.log)"
 fi
 
 note ""

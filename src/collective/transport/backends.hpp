@@ -19,6 +19,8 @@ std::shared_ptr<Communicator> make_mpi_communicator(const std::vector<Device>& d
 
 // Whether this build has MPI.
 bool mpi_built();
+// Whether MPI has been initialized in this process (a plain run never initializes it).
+bool mpi_started();
 
 using GpuCommunicatorFactory = std::shared_ptr<Communicator> (*)(const std::vector<Device>& devices,
                                                                  double timeout_seconds);

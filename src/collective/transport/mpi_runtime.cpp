@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "collective/transport/backends.hpp"
 #include "collective/transport/mpi_communicator.hpp"
 #include "collective/transport/process.hpp"
 #include "flowlet/core/error.hpp"
@@ -106,6 +107,12 @@ void ensure_mpi_started() {
     throw InvalidArgument(fmt::format("make_communicator: the launcher ({}) says {} processes, MPI_COMM_WORLD has {}",
                                       process_placement().source, process_placement().count, world_size));
   }
+}
+
+bool mpi_started() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  return initialized != 0;
 }
 
 bool mpi_usable() {
