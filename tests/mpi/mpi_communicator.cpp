@@ -311,6 +311,37 @@ TEST_CASE("a process that destroyed its communicator: its peers fail at once, no
   CHECK_FALSE(next.error);
 }
 
+TEST_CASE("a data-only call that fails inside one process: it fails there, the others fail too, nobody hangs") {
+  ensure_devices();
+  auto comm = fl::detail::make_communicator({fl::Device("cpu:0"), fl::Device("cpu:1")}, {.timeout_seconds = 2});
+  auto on = [&](const fl::Tensor& t, int local) { return t.to(comm->device(local)); };
+  const auto first = run_local(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
+  for (int l = 0; l < 2; ++l) CHECK(expect(first[l], {2.0 * procs()}, {1}));
+  if (rank() == 0) {
+    // Participant 1 of process 0 never makes call 1 (a data-only call).
+    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, on(test::make({1}), 0), fl::ReduceOp::sum, 0, false));
+    test::check_op_throws<fl::DeadlineExceeded>("all_reduce", [&] { rethrow(o); },
+                                                {"participants [1] of communicator", "did not arrive within 2 s"});
+    // Participant 1 comes late to that call: it is over.
+    const Outcome late = run_one(*comm, 1, call_of(CollectiveKind::all_reduce, on(test::make({1}), 1), fl::ReduceOp::sum, 0, false));
+    test::check_throws<fl::DeadlineExceeded>([&] { rethrow(late); }, {"did not arrive"});
+    // The call never reached the others, so this process's calls no longer line up with theirs:
+    // the next call fails at once.
+    const auto later = run_local(*comm, [&](int) { return call_of(CollectiveKind::barrier, fl::Tensor()); });
+    for (int l = 0; l < 2; ++l) {
+      test::check_op_throws<fl::DeadlineExceeded>("barrier", [&] { rethrow(later[l]); }, {"cannot be used again"});
+    }
+  } else {
+    const auto out = run_local(*comm, [&](int l) {
+      return call_of(CollectiveKind::all_reduce, on(test::make({1}), l), fl::ReduceOp::sum, 0, false);
+    });
+    for (int l = 0; l < 2; ++l) test::check_op_throws<fl::DeadlineExceeded>("all_reduce", [&] { rethrow(out[l]); });
+  }
+  comm.reset();
+  const Outcome next = run_one(*world(), 0, call_of(CollectiveKind::all_reduce, test::make({3})));
+  CHECK(expect(next, {3.0 * procs()}, {1}));
+}
+
 TEST_CASE("make_communicator: every process must bring the same number of devices") {
   ensure_devices();
   std::vector<fl::Device> devices = {fl::Device("cpu:0")};

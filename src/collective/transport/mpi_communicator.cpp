@@ -100,9 +100,6 @@ MpiCommunicator::MpiCommunicator(std::vector<Device> devices, double timeout_sec
               job.wire = combine_local(arrivals, size(), root_local);
             } catch (...) {  // out of memory for the wire buffer: the call fails here, and the peers learn it
               deliver(arrivals, {}, std::current_exception());
-              if (!job.check_header) abort_job(fmt::format("{}: call {} of {} failed in this process on a call that "
-                                                           "exchanges no header", collective_name(first.kind), number,
-                                                           describe_));
               job.failed_here = true;
               enqueue(std::move(job));
               return;
@@ -111,15 +108,10 @@ MpiCommunicator::MpiCommunicator(std::vector<Device> devices, double timeout_sec
             enqueue(std::move(job));
           },
           [this](uint64_t number, const CallHeader& header, bool check_header, std::exception_ptr) {
-            if (!check_header) {
-              abort_job(fmt::format("{}: call {} of {} failed in this process (its participants disagreed or did not "
-                                    "all arrive) on a call that exchanges no header, so the other processes cannot be "
-                                    "told",
-                                    collective_name(static_cast<CollectiveKind>(header.kind)), number, describe_));
-            }
             Job job;
             job.number = number;
             job.header = header;
+            job.check_header = check_header;
             job.failed_here = true;
             enqueue(std::move(job));
           }) {
@@ -243,6 +235,15 @@ void MpiCommunicator::run_job(Job& job) {
     error = std::make_exception_ptr(DeadlineExceeded(fmt::format("{}: {}", name, broken_)));
   } else if (peer_gone_before(job.number) >= 0) {
     error = peer_left_error(name, job.number);
+  } else if (job.failed_here && !job.check_header) {
+    // The peers expect this call's data, and a data-only call has no way to tell them it failed
+    // here. Nothing is sent: they time out (or fail at once when this process destroys the
+    // communicator, as its goodbye counts only the calls it took part in), and this process's
+    // later calls fail at once, since its calls no longer line up with theirs.
+    skipped_call_ = std::min(skipped_call_, job.number);
+    broken_ = fmt::format("call {} failed in this process on a call that exchanges no header, so the other "
+                          "processes could not be told; {} cannot be used again",
+                          job.number, describe_);
   } else {
     if (job.check_header || job.failed_here) error = exchange_headers(job);
     if (error == nullptr && !job.failed_here) error = exchange_data(job, global);
@@ -400,7 +401,10 @@ std::exception_ptr MpiCommunicator::exchange_data(const Job& job, Tensor& global
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds_));
   const Wait outcome = wait_for(requests, deadline, job.number);
   if (outcome == Wait::done) return nullptr;
-  collective_abandoned_ = true;  // MPI cannot withdraw a collective
+  // MPI cannot withdraw a collective: it may still read or write these buffers if the peers come.
+  collective_abandoned_ = true;
+  abandoned_buffers_.push_back(job.wire);
+  abandoned_buffers_.push_back(global);
   const char* name = collective_name(first.kind);
   if (outcome == Wait::peer_left) return peer_left_error(name, job.number);
   broken_ = fmt::format("an earlier call of {} timed out; a communicator whose call timed out cannot be used again",
@@ -498,15 +502,10 @@ void MpiCommunicator::begin_shut_down() {
   wake_.notify_all();
   if (progress_.joinable()) progress_.join();
   if (!mpi_usable() || comm_ == MPI_COMM_NULL) return;
-  if (collective_abandoned_) {
-    abort_job(fmt::format("{} holds a collective that timed out and can never complete; ending the job rather than "
-                          "letting MPI_Finalize wait for it",
-                          describe_));
-  }
   // Tell every peer how many calls this process completed, so that a peer waiting for a later one
   // fails at once instead of at its timeout.
   goodbye_[0] = serial_;
-  goodbye_[1] = next_job_;
+  goodbye_[1] = std::min(next_job_, skipped_call_);
   for (int p = 0; p < processes_; ++p) {
     if (p == rank_) continue;
     goodbye_sends_.emplace_back();
@@ -546,10 +545,14 @@ void MpiCommunicator::end_shut_down() {
     MPI_Cancel(&r);
     MPI_Wait(&r, MPI_STATUS_IGNORE);
   }
-  if (all_in && abandoned_headers_.empty()) {
+  if (all_in && abandoned_headers_.empty() && !collective_abandoned_) {
     MPI_Comm_free(&comm_);
   } else {
     comm_ = MPI_COMM_NULL;  // kept by MPI until MPI_Finalize (see above)
+    // An abandoned collective's buffers stay valid until the process ends (MPI_Finalize does not
+    // wait for it; Open MPI 4.1 was seen to finalize cleanly with one pending).
+    static auto* kept = new std::vector<Tensor>;
+    kept->insert(kept->end(), abandoned_buffers_.begin(), abandoned_buffers_.end());
   }
 }
 

@@ -13,12 +13,14 @@
 // process fails with the same error, naming the first process that disagrees with process 0.
 // check_header = false: data only. A process whose own participants failed a call (they disagreed,
 // or not all arrived) sends a "failed here" header instead; on a data-only call it cannot tell the
-// others, so it ends the job (never a silent wrong answer, never a hang).
+// others: it sends nothing (they time out, or fail at once when it destroys the communicator) and
+// its own later calls fail at once (never a silent wrong answer, never a hang).
 //
 // Timeouts: a call that does not complete within the timeout fails with DeadlineExceeded. In the
 // header exchange it names the processes whose header did not come; a data-only call cannot know
 // them and says so. A collective cannot be withdrawn in MPI, so the communicator is unusable after
-// a timeout: later calls fail at once.
+// a timeout: later calls fail at once, and it is never freed (kept, with the buffers of a collective
+// left pending, until MPI_Finalize).
 //
 // Leaving: a process that destroys a communicator (or ends) tells its peers how many calls it
 // completed; a peer waiting for a later call fails it at once instead of waiting for its timeout.
@@ -116,6 +118,8 @@ class MpiCommunicator final : public Communicator {
   std::vector<int64_t> left_after_;         // per process: calls it completed before leaving, -1 = here
   std::string broken_;                      // why the communicator cannot be used (after a timeout)
   bool collective_abandoned_ = false;       // a timed-out MPI collective still pending
+  std::vector<Tensor> abandoned_buffers_;   // its buffers, which MPI may still use
+  uint64_t skipped_call_ = UINT64_MAX;      // the first call this process could not take part in
   std::chrono::steady_clock::time_point next_goodbye_poll_;
   std::vector<std::unique_ptr<HeaderMessage>> abandoned_headers_;  // buffers of sends given up on a timeout
   uint64_t goodbye_[2] = {};
