@@ -589,3 +589,38 @@ TEST_CASE("GPU participants (NCCL): every kind on every visible GPU, against the
   const auto barrier = run_all(*comm, [&](int) { return call_of(CollectiveKind::barrier, fl::Tensor()); });
   for (int i = 0; i < n; ++i) CHECK(outcome_error(barrier[i]) == "");
 }
+
+TEST_CASE("floating max and min propagate NaN; large tensors split over threads match a sequential reduction") {
+  auto comm = local_communicator(3);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (fl::ReduceOp op : {fl::ReduceOp::max, fl::ReduceOp::min}) {
+    const auto out = run_all(*comm, [&](int i) {
+      return call_of(CollectiveKind::all_reduce, on(test::make({i == 1 ? nan : 1.0 * i, 2.0 + i}, fl::f32), i), op);
+    });
+    for (int i = 0; i < 3; ++i) {
+      const auto v = test::values(out[i].result);
+      CHECK(std::isnan(v[0]));
+      CHECK(v[1] == (op == fl::ReduceOp::max ? 4.0 : 2.0));
+    }
+  }
+  // 300,001 elements: more than one chunk of the thread pool, and a ragged end.
+  constexpr int64_t kCount = 300001;
+  for (fl::DType dt : {fl::f32, fl::bf16, fl::i64}) {
+    CAPTURE(dt);
+    std::vector<fl::Tensor> inputs;
+    for (int i = 0; i < 3; ++i) inputs.push_back(on(test::random_tensor(fl::Shape{kCount}, 40 + i, dt), i));
+    const auto out = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, inputs[i], fl::ReduceOp::mean); });
+    std::vector<std::vector<double>> in;
+    for (const auto& t : inputs) in.push_back(test::values(t));
+    std::vector<double> want(kCount);
+    for (int64_t k = 0; k < kCount; ++k) {
+      if (dt == fl::i64) {
+        want[k] = std::trunc((in[0][k] + in[1][k] + in[2][k]) / 3);
+      } else {  // in f32, in participant order, divided, then rounded once to the dtype
+        const float s = static_cast<float>(in[0][k]) + static_cast<float>(in[1][k]) + static_cast<float>(in[2][k]);
+        want[k] = test::round_to(static_cast<double>(s / 3.0f), dt);
+      }
+    }
+    for (int i = 0; i < 3; ++i) CHECK(test::values(out[i].result) == want);
+  }
+}
