@@ -614,3 +614,33 @@ TEST_CASE("headers are checked on an eager signature's first successful call and
   CHECK_FALSE(fd::should_check_header(attrs, x, true));
   CHECK(fd::should_check_header(fd::CollectiveAttrs{communicator}, x, true));  // a new node
 }
+
+TEST_CASE("a collective runs on its participant's device inside a DeviceScope for another device") {
+  const Group g = make_group(2);
+  std::vector<int> misplaced(2, 0);
+  const auto make_step = [] {
+    return fl::trace([](fl::Tensor x) {
+      const fl::DeviceScope on_cpu3(fl::Device("cpu:3"));
+      return fl::all_reduce(x) * 2.0f;  // the multiply may run on cpu:3; the all_reduce may not
+    });
+  };
+  std::vector<decltype(make_step())> traced;
+  for (int p = 0; p < 2; ++p) traced.push_back(make_step());
+  const auto outcomes = run_spmd(g, [&](int p) {
+    const fl::Tensor x = input_of(p, kShape, fl::f32);
+    const fl::Tensor y = traced[static_cast<size_t>(p)](x);
+    for (const fl::Node& n : traced[static_cast<size_t>(p)].graph(x).nodes()) {
+      if (!n.removed && n.op != nullptr && n.op->name == "all_reduce" && n.device != g.device(p)) ++misplaced[static_cast<size_t>(p)];
+    }
+    // Eagerly the scope does not move the input either: the participant's device is the op's.
+    const fl::DeviceScope on_cpu3(fl::Device("cpu:3"));
+    const fl::Tensor eager = fl::all_reduce(x);
+    if (eager.device() != g.device(p)) ++misplaced[static_cast<size_t>(p)];
+    return fl::concat({fl::reshape(y.to(x.device()), {6}), fl::reshape(eager, {6})}, 0);
+  });
+  std::vector<double> sum = all_reduce_ref(2, kShape.numel(), ReduceOp::sum, fl::f32), want;
+  for (double v : sum) want.push_back(2 * v);
+  want.insert(want.end(), sum.begin(), sum.end());
+  for (const fl::Tensor& t : values_of(outcomes)) test::check_tensor(t, want, fl::Shape{12}, fl::f32);
+  CHECK(misplaced == std::vector<int>{0, 0});
+}
