@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "flowlet/core/error.hpp"
 #include "flowlet/core/format.hpp"
 
 namespace flowlet::detail {
@@ -49,9 +50,15 @@ std::set<std::string>& signatures_of(const CollectiveAttrs& attrs) {
 }  // namespace
 
 bool always_check_headers() {
+  // A typo must not silently turn the checks it asked for off: only the two documented values pass.
   static const bool always = [] {
     const char* value = std::getenv("FLOWLET_COLLECTIVE_CHECKS");
-    return value != nullptr && std::strcmp(value, "always") == 0;
+    if (value == nullptr || *value == 0 || std::strcmp(value, "first") == 0) return false;
+    if (std::strcmp(value, "always") == 0) return true;
+    throw InvalidArgument(fmt::format(
+        "FLOWLET_COLLECTIVE_CHECKS: expected 'first' (check a call's header on its first use, the default) or "
+        "'always'; got '{}'",
+        value));
   }();
   return always;
 }

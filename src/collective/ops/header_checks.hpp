@@ -23,7 +23,8 @@ bool should_check_header(const CollectiveAttrs& attrs, const Tensor& input, bool
 // the check. A call that failed is not marked, so a retry checks again.
 void mark_verified(const CollectiveAttrs& attrs, const Tensor& input, bool traced);
 
-// Whether FLOWLET_COLLECTIVE_CHECKS=always is set (read once).
+// Whether FLOWLET_COLLECTIVE_CHECKS=always is set (read once; "first" or unset: the rule above;
+// any other value: InvalidArgument at every collective call).
 bool always_check_headers();
 
 }  // namespace flowlet::detail
