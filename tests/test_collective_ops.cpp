@@ -275,6 +275,27 @@ TEST_CASE("barrier: returns on every participant once all have called it") {
   });
   for (const Outcome& o : outcomes) CHECK_FALSE(o.error);
   CHECK_FALSE(early.load());
+
+  // Traced: the barrier node has no outputs and runs at every call.
+  std::vector<std::function<fl::Tensor(fl::Tensor)>> traced;
+  for (int p = 0; p < 3; ++p) traced.push_back(fl::trace([](fl::Tensor x) {
+    fl::barrier();
+    return x * 2.0f;
+  }));
+  for (int call = 0; call < 3; ++call) {
+    CAPTURE(call);
+    arrived.store(0);
+    const auto traced_outcomes = run_spmd(g, [&](int p) {
+      const fl::Tensor x = input_of(p, kShape, fl::f32);
+      if (p == call) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      arrived.fetch_add(1);
+      const fl::Tensor y = traced[static_cast<size_t>(p)](x);
+      if (arrived.load() != 3) early.store(true);
+      return y;
+    });
+    for (const Outcome& o : traced_outcomes) CHECK_FALSE(o.error);
+    CHECK_FALSE(early.load());
+  }
 }
 
 TEST_CASE("traced collectives give the eager results, at every call, in program order") {
@@ -316,12 +337,13 @@ TEST_CASE("a traced collective is a stateful node on the participant's device, k
     auto fn = fl::trace([](fl::Tensor x) {
       (void)fl::all_reduce(x);
       (void)fl::all_reduce(x);  // the same call twice: never merged
+      fl::barrier();            // no outputs at all
       return x + 1.0f;
     });
     const fl::Tensor x = input_of(p, kShape, fl::f32);
     fl::Tensor out = fn(x);
     for (const fl::Node& n : fn.graph(x).nodes()) {
-      if (n.removed || n.op == nullptr || n.op->name != "all_reduce") continue;
+      if (n.removed || n.op == nullptr || (n.op->name != "all_reduce" && n.op->name != "barrier")) continue;
       ++collectives[static_cast<size_t>(p)];
       on_device[static_cast<size_t>(p)] += n.device == g.device(p) ? 1 : 0;
     }
@@ -329,8 +351,8 @@ TEST_CASE("a traced collective is a stateful node on the participant's device, k
   });
   for (const Outcome& o : outcomes) CHECK_FALSE(o.error);
   for (int p = 0; p < 2; ++p) {
-    CHECK(collectives[static_cast<size_t>(p)] == 2);
-    CHECK(on_device[static_cast<size_t>(p)] == 2);
+    CHECK(collectives[static_cast<size_t>(p)] == 3);
+    CHECK(on_device[static_cast<size_t>(p)] == 3);
   }
 }
 
