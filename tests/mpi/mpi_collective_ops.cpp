@@ -4,13 +4,18 @@
 // World collectives (one participant per process, on its default device cpu:0), eager and traced,
 // against values computed here from every rank's input; gradients against central finite
 // differences of the SPMD loss (the sum over ranks of each rank's loss, itself all-reduced so that
-// every rank sees it); ranks that disagree all fail, and the job goes on (no hang). Assertions never
+// every rank sees it); ranks that disagree all fail, and the job goes on (no hang); and a
+// communicator of two local participants per process (threads under ReplicaScopes, as
+// MirroredStrategy runs its replicas), eager, traced and differentiated. Assertions never
 // abort a case (no REQUIRE): a rank that left a case early would skip collectives its peers make.
 #include <cmath>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "collective/communicator.hpp"
+#include "collective/replica_context.hpp"
 #include "flowlet/trace.hpp"
 #include "support/reference.hpp"
 
@@ -218,4 +223,103 @@ TEST_CASE("ranks that disagree all fail with an error naming the difference, and
   test::check_throws<fl::Error>([&] { (void)traced(fl::ones(rank() == 0 ? fl::Shape{2} : fl::Shape{3})); },
                                 {"disagree on the shape"});
   guarded([] { fl::barrier(); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two local participants per process (what MirroredStrategy builds): the in-process stage, then
+// the processes; participant = process * 2 + local.
+
+namespace {
+
+const bool two_local_devices = (fl::set_logical_cpu_devices(2), true);
+
+// Runs fn(local) on one thread per local participant, under its replica scope; collects results.
+std::vector<fl::Tensor> run_local_replicas(const std::shared_ptr<fl::detail::Communicator>& communicator,
+                                           const std::function<fl::Tensor(int)>& fn, std::vector<std::string>& errors) {
+  std::vector<fl::Tensor> results(2);
+  std::vector<std::string> failures(2);
+  std::vector<std::thread> threads;
+  for (int local = 0; local < 2; ++local) {
+    threads.emplace_back([&, local] {
+      const fl::detail::ReplicaContext replica{communicator, local, nullptr};
+      const fl::detail::ReplicaScope scope(&replica);
+      try {
+        results[static_cast<size_t>(local)] = fn(local);
+      } catch (const std::exception& e) {
+        failures[static_cast<size_t>(local)] = test::error_kind(e) + ": " + e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::string& f : failures)
+    if (!f.empty()) errors.push_back(f);
+  return results;
+}
+
+}  // namespace
+
+TEST_CASE("collectives over two local participants per process: eager, traced and gradients") {
+  (void)two_local_devices;
+  const auto communicator = fl::detail::make_communicator({fl::Device("cpu:0"), fl::Device("cpu:1")});
+  const int participants = 2 * ranks();
+  CHECK(communicator->size() == participants);
+  auto participant = [](int local) { return rank() * 2 + local; };
+  auto input = [&](int local) {
+    return input_of(participant(local), fl::Shape{participants, 2}, fl::f32).to(fl::Device(fl::DeviceKind::cpu, local));
+  };
+  std::vector<std::string> errors;
+
+  // all_reduce sum and max, all_gather in participant order, reduce_scatter part per participant.
+  const auto sums = run_local_replicas(communicator, [&](int local) { return fl::all_reduce(input(local)); }, errors);
+  const auto maxima = run_local_replicas(communicator, [&](int local) { return fl::all_reduce(input(local), ReduceOp::max); }, errors);
+  const auto gathered = run_local_replicas(communicator, [&](int local) { return fl::all_gather(input(local)); }, errors);
+  const auto parts = run_local_replicas(communicator, [&](int local) { return fl::reduce_scatter(input(local)); }, errors);
+  const int64_t count = 2 * participants;
+  std::vector<double> sum(static_cast<size_t>(count), 0), maximum(static_cast<size_t>(count), -1e9), all;
+  for (int p = 0; p < participants; ++p) {
+    const std::vector<double> v = input_values(p, count, fl::f32);
+    for (int64_t i = 0; i < count; ++i) {
+      sum[static_cast<size_t>(i)] += v[static_cast<size_t>(i)];
+      maximum[static_cast<size_t>(i)] = std::max(maximum[static_cast<size_t>(i)], v[static_cast<size_t>(i)]);
+    }
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  for (int local = 0; local < 2; ++local) {
+    CAPTURE(local);
+    const size_t l = static_cast<size_t>(local);
+    if (errors.empty()) {
+      test::check_tensor(sums[l], sum, fl::Shape{participants, 2}, fl::f32);
+      CHECK(sums[l].device() == fl::Device(fl::DeviceKind::cpu, local));
+      test::check_tensor(maxima[l], maximum, fl::Shape{participants, 2}, fl::f32);
+      test::check_tensor(gathered[l], all, fl::Shape{participants * participants, 2}, fl::f32);
+      const std::vector<double> part(sum.begin() + 2 * participant(local), sum.begin() + 2 * (participant(local) + 1));
+      test::check_tensor(parts[l], part, fl::Shape{1, 2}, fl::f32);
+    }
+  }
+
+  // Traced: each local replica traces its own step; the same results at every call.
+  std::vector<std::function<fl::Tensor(fl::Tensor)>> steps;
+  for (int local = 0; local < 2; ++local) {
+    steps.push_back(fl::trace([](fl::Tensor x) { return fl::all_gather(fl::reduce_scatter(x, ReduceOp::sum)); }));
+  }
+  for (int call = 0; call < 2; ++call) {
+    const auto got = run_local_replicas(communicator, [&](int local) { return steps[static_cast<size_t>(local)](input(local)); }, errors);
+    for (int local = 0; local < 2 && errors.empty(); ++local) test::check_tensor(got[static_cast<size_t>(local)], sum, fl::Shape{participants, 2}, fl::f32);
+  }
+
+  // Gradient of L = sum over participants of sum(all_reduce(x, mean) * (participant + 1)):
+  // dL/dx = sum_p (p + 1) / participants, the same for every participant.
+  const auto grads = run_local_replicas(communicator, [&](int local) {
+    const fl::Tensor x = input(local);
+    fl::GradientTape tape;
+    tape.watch(x);
+    const fl::Tensor loss = fl::sum(fl::all_reduce(x, ReduceOp::mean) * static_cast<float>(participant(local) + 1));
+    return tape.gradient(loss, {x})[0];
+  }, errors);
+  const double slope = (participants + 1) / 2.0;
+  for (int local = 0; local < 2 && errors.empty(); ++local) {
+    test::check_tensor(grads[static_cast<size_t>(local)], std::vector<double>(static_cast<size_t>(count), slope),
+                       fl::Shape{participants, 2}, fl::f32);
+  }
+  for (const std::string& e : errors) FAIL_CHECK("a local replica threw " << e);
 }
