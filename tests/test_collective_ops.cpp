@@ -329,6 +329,52 @@ TEST_CASE("traced collectives give the eager results, at every call, in program 
   }
 }
 
+TEST_CASE("traced collectives equal eager ones in every dtype") {
+  const Group g = make_group(3);
+  // Every collective and reduction the dtype takes, in one function.
+  auto every_collective = [](const fl::Tensor& x) {
+    std::vector<fl::Tensor> out;
+    for (ReduceOp op : reductions_for(x.dtype())) {
+      out.push_back(fl::all_reduce(x, op));
+      out.push_back(fl::reduce_scatter(x, op));
+    }
+    out.push_back(fl::broadcast(x, 1));
+    out.push_back(fl::all_gather(x));
+    return out;
+  };
+  std::vector<std::function<std::vector<fl::Tensor>(fl::Tensor)>> traced;
+  for (int p = 0; p < 3; ++p) traced.push_back(fl::trace([&](fl::Tensor x) { return every_collective(x); }));
+  for (fl::DType dt : kEvery) {
+    INFO("dtype ", fl::dtype_name(dt));
+    std::vector<std::vector<fl::Tensor>> eager(3), got(3);
+    std::vector<std::string> errors(3);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < 3; ++p) {
+      threads.emplace_back([&, p] {
+        const fd::ReplicaScope scope(&g.replicas[static_cast<size_t>(p)]);
+        try {
+          const fl::Tensor x = input_of(p, fl::Shape{6, 2}, dt);
+          eager[static_cast<size_t>(p)] = every_collective(x);
+          got[static_cast<size_t>(p)] = traced[static_cast<size_t>(p)](x);
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(p)] = test::error_kind(e) + ": " + e.what();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int p = 0; p < 3; ++p) {
+      CAPTURE(p);
+      CHECK(errors[static_cast<size_t>(p)] == "");
+      const auto& want = eager[static_cast<size_t>(p)];
+      REQUIRE(got[static_cast<size_t>(p)].size() == want.size());
+      for (size_t k = 0; k < want.size(); ++k) {
+        CAPTURE(k);
+        test::check_tensor(got[static_cast<size_t>(p)][k], test::values(want[k]), want[k].shape(), dt, test::Tolerance{0, 0});
+      }
+    }
+  }
+}
+
 TEST_CASE("a traced collective is a stateful node on the participant's device, kept by every pass") {
   const Group g = make_group(2);
   std::vector<int> collectives(2, 0), on_device(2, 0);
