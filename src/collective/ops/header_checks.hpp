@@ -8,9 +8,12 @@
 //     the same signature (kind, op, root, dtype, shape): a training loop checks on its first step.
 // Every participant that runs the same program therefore takes the same decision for call k,
 // which the MPI backend needs (its header exchange is part of the call's protocol).
-// Limit: participants that diverge into two signatures each of them had already verified are not
-// caught by the header; FLOWLET_COLLECTIVE_CHECKS=always checks every call (the in-process
-// exchange compares headers on every call anyway).
+// Limits, across processes: participants that diverge into signatures each of them had already
+// verified are not caught by the header; and when only some of them check (one process's last
+// batch is smaller, the others repeat a verified signature, or run an older graph's node), the
+// checking ones wait for headers that never come and the call ends with DeadlineExceeded after the
+// timeout on every process, not with the difference named. FLOWLET_COLLECTIVE_CHECKS=always checks
+// every call and closes both (the in-process exchange compares headers on every call anyway).
 #pragma once
 
 #include "collective/ops/collective_attrs.hpp"
