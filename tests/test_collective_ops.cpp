@@ -701,9 +701,13 @@ TEST_CASE("a collective runs on its participant's device inside a DeviceScope fo
       if (!n.removed && n.op != nullptr && n.op->name == "all_reduce" && n.device != g.device(p)) ++misplaced[static_cast<size_t>(p)];
     }
     // Eagerly the scope does not move the input either: the participant's device is the op's.
+    const fl::Tensor view = fl::transpose(input_of(p, fl::Shape{3, 2}, fl::f32));  // made outside the scope
     const fl::DeviceScope on_cpu3(fl::Device("cpu:3"));
     const fl::Tensor eager = fl::all_reduce(x);
     if (eager.device() != g.device(p)) ++misplaced[static_cast<size_t>(p)];
+    // The kernel makes a view contiguous where it is, not on the scope's device.
+    const fl::Tensor from_view = fl::all_reduce(view);
+    if (from_view.device() != g.device(p)) ++misplaced[static_cast<size_t>(p)];
     return fl::concat({fl::reshape(y.to(x.device()), {6}), fl::reshape(eager, {6})}, 0);
   });
   std::vector<double> sum = all_reduce_ref(2, kShape.numel(), ReduceOp::sum, fl::f32), want;

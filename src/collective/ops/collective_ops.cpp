@@ -17,6 +17,7 @@
 #include "collective/ops/header_checks.hpp"
 #include "collective/replica_context.hpp"
 #include "core/check.hpp"
+#include "core/device_scope_state.hpp"
 #include "flowlet/collective.hpp"
 #include "flowlet/dispatch.hpp"
 #include "ops/registry.hpp"
@@ -96,8 +97,13 @@ CollectiveCall make_call(const CollectiveAttrs& attrs, const OpCall& call, bool 
   c.kind = attrs.kind;
   c.op = attrs.op;
   c.root = attrs.root;
-  // A graph may hand over a view (transpose): the communicator takes contiguous buffers.
-  if (!call.inputs.empty()) c.input = call.inputs[0].contiguous();
+  // The communicator takes contiguous buffers, and a view (an eager transpose, a graph's view node)
+  // is copied where it is: an eager DeviceScope around the call must not move it off the
+  // participant's device.
+  if (!call.inputs.empty()) {
+    const NoDeviceScope here;
+    c.input = call.inputs[0].contiguous();
+  }
   c.check_header = should_check_header(attrs, c.input, traced);
   return c;
 }
