@@ -141,7 +141,9 @@ ResourceAccess uses_communicator(const void* attributes) {
 // whichever device its participant has, so the CPU kernels serve every backend.
 constexpr uint32_t kCollectiveFlags = kStateful | kView | kPlacesOutput | kRunsAtResource | kAnyDevice;
 
-Op make_collective_op(std::string_view name, int inputs, GradFn grad) {
+// constexpr, and the ops constinit: the table may be built during another file's static
+// initialization, so the Op values must not wait for dynamic initialization.
+constexpr Op make_collective_op(std::string_view name, int inputs, GradFn grad) {
   return Op{.name = name,
             .min_inputs = inputs,
             .max_inputs = inputs,
@@ -155,11 +157,11 @@ Op make_collective_op(std::string_view name, int inputs, GradFn grad) {
             .resource = &uses_communicator};
 }
 
-Op all_reduce_op = make_collective_op("all_reduce", 1, &all_reduce_grad);
-Op broadcast_op = make_collective_op("broadcast", 1, &broadcast_grad);
-Op all_gather_op = make_collective_op("all_gather", 1, &all_gather_grad);
-Op reduce_scatter_op = make_collective_op("reduce_scatter", 1, &reduce_scatter_grad);
-Op barrier_op = make_collective_op("barrier", 0, nullptr);
+constinit Op all_reduce_op = make_collective_op("all_reduce", 1, &all_reduce_grad);
+constinit Op broadcast_op = make_collective_op("broadcast", 1, &broadcast_grad);
+constinit Op all_gather_op = make_collective_op("all_gather", 1, &all_gather_grad);
+constinit Op reduce_scatter_op = make_collective_op("reduce_scatter", 1, &reduce_scatter_grad);
+constinit Op barrier_op = make_collective_op("barrier", 0, nullptr);
 
 const Op& op_of(CollectiveKind kind) {
   switch (kind) {
