@@ -148,7 +148,6 @@ std::vector<double> all_reduce_ref(int participants, int64_t count, ReduceOp op,
   return out;
 }
 
-const std::vector<fl::DType> kNumeric = {fl::f32, fl::f64, fl::i32, fl::i64, fl::u8, fl::f16, fl::bf16};
 const std::vector<fl::DType> kEvery = {fl::f32, fl::f64, fl::i32, fl::i64, fl::u8, fl::b8, fl::f16, fl::bf16};
 const std::vector<ReduceOp> kReductions = {ReduceOp::sum, ReduceOp::mean, ReduceOp::max, ReduceOp::min};
 
