@@ -375,19 +375,21 @@ TEST_CASE("traced collectives equal eager ones in every dtype") {
   }
 }
 
-TEST_CASE("a traced collective is a stateful node on the participant's device, kept by every pass") {
+TEST_CASE("a traced collective is a stateful node on the participant's device: never pruned, merged or folded") {
   const Group g = make_group(2);
   std::vector<int> collectives(2, 0), on_device(2, 0);
   const auto outcomes = run_spmd(g, [&](int p) {
     // The results are unused: the nodes must still run (the peers wait for them).
-    auto fn = fl::trace([](fl::Tensor x) {
+    const fl::Tensor constant = input_of(p, kShape, fl::f32);
+    auto fn = fl::trace([&constant](fl::Tensor x) {
       (void)fl::all_reduce(x);
       (void)fl::all_reduce(x);  // the same call twice: never merged
       fl::barrier();            // no outputs at all
-      return x + 1.0f;
+      return x + fl::all_reduce(constant);  // a constant input: never folded
     });
     const fl::Tensor x = input_of(p, kShape, fl::f32);
     fl::Tensor out = fn(x);
+    out = fn(x);  // every node runs at every call
     for (const fl::Node& n : fn.graph(x).nodes()) {
       if (n.removed || n.op == nullptr || (n.op->name != "all_reduce" && n.op->name != "barrier")) continue;
       ++collectives[static_cast<size_t>(p)];
@@ -395,10 +397,14 @@ TEST_CASE("a traced collective is a stateful node on the participant's device, k
     }
     return out;
   });
-  for (const Outcome& o : outcomes) CHECK_FALSE(o.error);
+  const std::vector<double> sum = all_reduce_ref(2, kShape.numel(), ReduceOp::sum, fl::f32);
+  const auto got = values_of(outcomes);
   for (int p = 0; p < 2; ++p) {
-    CHECK(collectives[static_cast<size_t>(p)] == 3);
-    CHECK(on_device[static_cast<size_t>(p)] == 3);
+    CHECK(collectives[static_cast<size_t>(p)] == 4);
+    CHECK(on_device[static_cast<size_t>(p)] == 4);
+    std::vector<double> want = input_values(p, kShape.numel(), fl::f32);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += sum[i];
+    test::check_tensor(got[static_cast<size_t>(p)], want, kShape, fl::f32);
   }
 }
 
