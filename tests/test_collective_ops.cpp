@@ -599,6 +599,26 @@ TEST_CASE("a traced collective whose peer never arrives fails its step with Dead
   test::check_throws<fl::DeadlineExceeded>([&] { std::rethrow_exception(outcomes[0].error); }, {"all_gather"});
 }
 
+TEST_CASE("a traced step that fails before its collective on one participant fails the others by the timeout") {
+  // Participant 0's batch holds an index out of range: its step stops before the all_reduce, which
+  // its peer then waits for until the communicator's timeout.
+  const Group g = make_group(2, /*timeout_seconds=*/0.5);
+  const auto make_step = [] {
+    return fl::trace([](fl::Tensor params, fl::Tensor index) { return fl::all_reduce(fl::gather(params, index)); });
+  };
+  std::vector<decltype(make_step())> steps;
+  for (int p = 0; p < 2; ++p) steps.push_back(make_step());
+  const auto outcomes = run_spmd(g, [&](int p) {
+    const fl::Tensor params = input_of(p, fl::Shape{4, 3}, fl::f32);
+    const fl::Tensor index = fl::tensor(std::vector<int64_t>{p == 0 ? 9 : 1}, fl::Shape{1}).to(g.device(p));
+    return steps[static_cast<size_t>(p)](params, index);
+  });
+  REQUIRE(outcomes[0].error);
+  REQUIRE(outcomes[1].error);
+  test::check_throws<fl::OutOfRange>([&] { std::rethrow_exception(outcomes[0].error); }, {"9"});
+  test::check_throws<fl::DeadlineExceeded>([&] { std::rethrow_exception(outcomes[1].error); }, {"all_reduce"});
+}
+
 TEST_CASE("argument errors name the op and what is wrong") {
   // One participant on cpu:1: every check below fails before anything is sent.
   auto communicator = fd::make_communicator({fl::Device("cpu:1")});
