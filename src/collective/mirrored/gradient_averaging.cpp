@@ -1,0 +1,73 @@
+#include "collective/mirrored/gradient_averaging.hpp"
+
+#include "collective/communicator.hpp"
+#include "collective/mirrored/replica_step.hpp"
+#include "collective/replica_context.hpp"
+#include "core/check.hpp"
+#include "flowlet/collective.hpp"
+#include "flowlet/ops/creation.hpp"
+#include "flowlet/ops/elementwise.hpp"
+#include "flowlet/ops/shape.hpp"
+
+namespace flowlet::detail {
+
+namespace {
+constexpr int64_t kDefaultBucketBytes = int64_t{4} << 20;
+
+int64_t byte_size(const Tensor& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype())); }
+}  // namespace
+
+std::vector<std::vector<size_t>> gradient_buckets(const std::vector<Tensor>& grads, int64_t bucket_bytes) {
+  std::vector<std::vector<size_t>> buckets;
+  int64_t bytes = 0;
+  for (size_t k = grads.size(); k-- > 0;) {
+    const Tensor& g = grads[k];
+    if (!g.defined()) continue;
+    const bool fits = !buckets.empty() && grads[buckets.back().front()].dtype() == g.dtype() &&
+                      bytes + byte_size(g) <= bucket_bytes;
+    if (!fits) {
+      buckets.emplace_back();
+      bytes = 0;
+    }
+    buckets.back().push_back(k);
+    bytes += byte_size(g);
+  }
+  return buckets;
+}
+
+std::vector<Tensor> average_gradients(const std::vector<Tensor>& grads) {
+  const ReplicaContext* replica = current_replica();
+  if (replica == nullptr || !replica->communicator) {
+    fail<InvalidArgument>("average_gradients: called outside MirroredStrategy::run");
+  }
+  if (replica->communicator->size() == 1) return grads;  // one replica: its gradient is the average
+  const ReplicaStep* step = current_replica_step();
+  if (step != nullptr && step->strategy != replica->strategy) step = nullptr;
+  // Weight rows_r / B makes the sum the full batch's mean gradient (for a loss that is a mean over
+  // the replica's rows); without a step (a replica set up by hand) every replica weighs the same.
+  const double weight = step != nullptr ? static_cast<double>(step->rows) / static_cast<double>(step->global_rows)
+                                        : 1.0 / static_cast<double>(replica->communicator->size());
+  const bool contributes = step == nullptr || step->rows > 0;  // 0 rows: its mean gradient is 0/0
+  const int64_t bucket_bytes = step != nullptr && step->bucket_bytes > 0 ? step->bucket_bytes : kDefaultBucketBytes;
+
+  std::vector<Tensor> averaged(grads.size());
+  for (const std::vector<size_t>& bucket : gradient_buckets(grads, bucket_bytes)) {
+    std::vector<Tensor> flat;
+    flat.reserve(bucket.size());
+    for (size_t k : bucket) {
+      const Tensor& g = grads[k];
+      const Tensor row = reshape(g, Shape{g.numel()});
+      flat.push_back(!contributes ? zeros_like(row) : weight == 1.0 ? row : row * weight);
+    }
+    const Tensor reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0), ReduceOp::sum);
+    int64_t offset = 0;
+    for (size_t k : bucket) {
+      const Tensor& g = grads[k];
+      averaged[k] = reshape(slice(reduced, 0, offset, g.numel()), g.shape());
+      offset += g.numel();
+    }
+  }
+  return averaged;
+}
+
+}  // namespace flowlet::detail
