@@ -1,0 +1,116 @@
+#include "collective/communicator.hpp"
+
+#include <future>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "collective/transport/backends.hpp"
+#include "collective/transport/in_process.hpp"
+#include "collective/transport/local_exchange.hpp"
+#include "collective/transport/process.hpp"
+#include "flowlet/core/error.hpp"
+#include "flowlet/core/format.hpp"
+
+namespace flowlet {
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::mean:
+      return "mean";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
+  }
+  return "unknown reduction";
+}
+
+}  // namespace flowlet
+
+namespace flowlet::detail {
+
+const char* collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+      return "all_reduce";
+    case CollectiveKind::broadcast:
+      return "broadcast";
+    case CollectiveKind::all_gather:
+      return "all_gather";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveKind::barrier:
+      return "barrier";
+  }
+  return "unknown collective";
+}
+
+Tensor Communicator::run(int local, CollectiveCall call) {
+  // The communicator's watchdog bounds the wait: every call ends, with a result or an error.
+  std::promise<Tensor> promise;
+  std::future<Tensor> result = promise.get_future();
+  start(local, std::move(call), [&promise](Tensor value, std::exception_ptr error) {
+    if (error != nullptr) {
+      promise.set_exception(error);
+    } else {
+      promise.set_value(std::move(value));
+    }
+  });
+  return result.get();
+}
+
+namespace {
+
+GpuCommunicatorFactory gpu_factory = nullptr;
+
+void check_devices(const std::vector<Device>& devices) {
+  if (devices.empty()) throw InvalidArgument("make_communicator: needs at least one local device; got none");
+  for (size_t i = 0; i < devices.size(); ++i) {
+    check_device_exists("make_communicator", devices[i]);
+    if (devices[i].kind() != devices[0].kind()) {
+      throw InvalidArgument(fmt::format("make_communicator: the local devices must be all CPU devices or all GPUs; got "
+                                        "{} and {}",
+                                        devices[0], devices[i]));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (devices[j] == devices[i]) {
+        throw InvalidArgument(fmt::format("make_communicator: the local devices must be distinct; got {} twice",
+                                          devices[i]));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void register_gpu_communicator_factory(GpuCommunicatorFactory factory) { gpu_factory = factory; }
+GpuCommunicatorFactory gpu_communicator_factory() { return gpu_factory; }
+
+std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& local_devices, CommunicatorOptions options) {
+  check_devices(local_devices);
+  const double timeout = resolve_timeout(options.timeout_seconds);
+  if (local_devices[0].kind() == DeviceKind::cuda) {
+    if (gpu_factory == nullptr) {
+      throw DeviceError(fmt::format("make_communicator: GPU participants ({}) need NCCL, and this build of flowlet has "
+                                    "no NCCL backend (configure with -Dnccl=enabled)",
+                                    local_devices[0]));
+    }
+    return gpu_factory(local_devices, timeout);
+  }
+  if (process_count() == 1) return std::make_shared<InProcessCommunicator>(local_devices, timeout);
+  return make_mpi_communicator(local_devices, timeout);
+}
+
+std::shared_ptr<Communicator> world_communicator() {
+  // Held until the program exits (the MPI backend's exit handler shuts it down before MPI ends).
+  static std::mutex mutex;
+  static std::shared_ptr<Communicator> world;
+  std::lock_guard lock(mutex);
+  if (world == nullptr) world = make_communicator({Device(DeviceKind::cpu, 0)});
+  return world;
+}
+
+}  // namespace flowlet::detail

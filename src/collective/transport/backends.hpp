@@ -1,0 +1,30 @@
+// How communicator.cpp reaches the backends that a build may lack, without #ifdefs:
+//   - MPI (this layer): mpi_communicator.cpp in a build with MPI, no_mpi.cpp in one without (Meson
+//     compiles exactly one);
+//   - NCCL (src/collective/nccl, the backends layer, above this one): registers its factory while
+//     the library loads, so the runtime layer never includes it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collective/communicator.hpp"
+
+namespace flowlet::detail {
+
+// A communicator over CPU devices `devices` of every process of a job of more than one process
+// (made collectively). DeviceError / InvalidArgument in a build without MPI.
+std::shared_ptr<Communicator> make_mpi_communicator(const std::vector<Device>& devices, double timeout_seconds);
+
+// Whether this build has MPI.
+bool mpi_built();
+
+using GpuCommunicatorFactory = std::shared_ptr<Communicator> (*)(const std::vector<Device>& devices,
+                                                                 double timeout_seconds);
+// Installs the GPU (NCCL) factory; called once, while the library loads.
+void register_gpu_communicator_factory(GpuCommunicatorFactory factory);
+// Null in a build without NCCL.
+GpuCommunicatorFactory gpu_communicator_factory();
+
+}  // namespace flowlet::detail

@@ -1,0 +1,81 @@
+// Where the participants of one process meet: call k of every local participant forms one group,
+// headers are compared on every call, and the last participant to arrive hands the complete group
+// to the backend (which computes on that thread). Nobody else blocks: the early arrivals return
+// from start() at once, and a watchdog thread (started on the first call left waiting) fails a
+// group whose participants did not all arrive within the timeout.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collective/communicator.hpp"
+#include "collective/transport/call_header.hpp"
+
+namespace flowlet::detail {
+
+struct Arrival {
+  CollectiveCall call;
+  CollectiveDone done;
+};
+
+class LocalExchange {
+ public:
+  // Called on the last arriving participant's thread with every participant's arrival, in local
+  // order; must call every done exactly once (now or later).
+  using Complete = std::function<void(uint64_t call_number, std::vector<Arrival>& arrivals)>;
+
+  // `first_rank`: the communicator-wide index of local participant 0 (for messages); `describe`:
+  // the communicator's description.
+  LocalExchange(std::vector<Device> devices, int first_rank, double timeout_seconds, std::string describe,
+                Complete complete);
+  ~LocalExchange();  // fails the groups still waiting with Cancelled and stops the watchdog
+  LocalExchange(const LocalExchange&) = delete;
+  LocalExchange& operator=(const LocalExchange&) = delete;
+
+  void arrive(int local, CollectiveCall call, CollectiveDone done);
+
+  // Groups that have some participants but not all (for a destructor that must know).
+  bool has_waiting_groups();
+
+ private:
+  struct Group {
+    std::vector<Arrival> arrivals;   // indexed by local participant; done empty until it arrives
+    std::vector<bool> arrived;
+    int count = 0;
+    int first = -1;                  // the first participant to arrive (headers are compared to it)
+    CallHeader header;               // the first participant's header
+    std::exception_ptr error;        // set once the group failed (mismatch, timeout)
+    std::chrono::steady_clock::time_point deadline;
+  };
+
+  std::string who(int local) const;
+  void watch();
+  void start_watchdog_locked();
+
+  const std::vector<Device> devices_;
+  const int first_rank_;
+  const double timeout_seconds_;
+  const std::chrono::steady_clock::duration timeout_;
+  const std::string describe_;
+  const Complete complete_;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<uint64_t> next_call_;  // per local participant
+  std::map<uint64_t, Group> groups_;
+  std::thread watchdog_;
+  bool stopping_ = false;
+};
+
+// The timeout a communicator uses: `requested` when > 0, else FLOWLET_COLLECTIVE_TIMEOUT, else 300 s.
+// InvalidArgument when the variable is not a positive number.
+double resolve_timeout(double requested);
+
+}  // namespace flowlet::detail

@@ -1,0 +1,1 @@
+// MPI start-up and shut-down (placeholder).

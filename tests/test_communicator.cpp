@@ -1,0 +1,509 @@
+// The communicator (src/collective): the in-process backend over logical CPU devices, the world
+// communicator of a 1-process job, and the checks every participant gets. Participants run on
+// their own threads, as replicas do. Expected values are worked by hand or computed here in
+// double/int64 from the values each participant holds.
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "collective/communicator.hpp"
+#include "collective/transport/process.hpp"
+#include "support/reference.hpp"
+
+namespace {
+
+using fl::detail::CollectiveCall;
+using fl::detail::CollectiveKind;
+using fl::detail::Communicator;
+
+void ensure_devices() {
+  static const bool configured = [] {
+    fl::set_logical_cpu_devices(4);
+    return true;
+  }();
+  (void)configured;
+}
+
+std::vector<fl::Device> cpus(int n) {
+  std::vector<fl::Device> devices;
+  for (int i = 0; i < n; ++i) devices.emplace_back(fl::DeviceKind::cpu, i);
+  return devices;
+}
+
+std::shared_ptr<Communicator> local_communicator(int n, double timeout = 30) {
+  ensure_devices();
+  return fl::detail::make_communicator(cpus(n), {.timeout_seconds = timeout});
+}
+
+CollectiveCall call_of(CollectiveKind kind, fl::Tensor input, fl::ReduceOp op = fl::ReduceOp::sum, int root = 0) {
+  CollectiveCall call;
+  call.kind = kind;
+  call.op = op;
+  call.root = root;
+  call.input = std::move(input);
+  return call;
+}
+
+// One participant's outcome: its result, or the error it got.
+struct Outcome {
+  fl::Tensor result;
+  std::exception_ptr error;
+};
+
+// Runs participant i's call (made by make_call(i)) on its own thread, every participant at once.
+std::vector<Outcome> run_all(Communicator& comm, const std::function<CollectiveCall(int)>& make_call,
+                             const std::vector<int>& who = {}) {
+  std::vector<int> participants = who;
+  if (participants.empty()) {
+    for (int i = 0; i < comm.local_size(); ++i) participants.push_back(i);
+  }
+  std::vector<Outcome> outcomes(static_cast<size_t>(comm.local_size()));
+  std::vector<std::thread> threads;
+  for (int i : participants) {
+    threads.emplace_back([&, i] {
+      try {
+        outcomes[static_cast<size_t>(i)].result = comm.run(i, make_call(i));
+      } catch (...) {
+        outcomes[static_cast<size_t>(i)].error = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return outcomes;
+}
+
+fl::Tensor on(const fl::Tensor& t, int device) { return t.to(fl::Device(fl::DeviceKind::cpu, device)); }
+
+// Rethrows participant i's error (for check_throws), or fails when there is none.
+void rethrow(const Outcome& o) {
+  if (o.error) std::rethrow_exception(o.error);
+}
+
+std::vector<double> results_of(const Outcome& o) {
+  if (o.error) {
+    try {
+      std::rethrow_exception(o.error);
+    } catch (const std::exception& e) {
+      FAIL("participant failed: " << e.what());
+    }
+  }
+  return test::values(o.result);
+}
+
+// The tensor's values, shape and dtype-appropriate tolerance (exact for integers).
+bool expect(const fl::Tensor& got, const std::vector<double>& want, const fl::Shape& shape,
+            std::source_location loc = std::source_location::current()) {
+  if (!got.defined()) {
+    ADD_FAIL_CHECK_AT(loc.file_name(), static_cast<int>(loc.line()), "no result");
+    return false;
+  }
+  return test::check_tensor(got, want, shape, got.dtype(), std::nullopt, loc);
+}
+
+}  // namespace
+
+TEST_CASE("names: collective_name and to_string(ReduceOp)") {
+  CHECK(std::string(fl::detail::collective_name(CollectiveKind::all_reduce)) == "all_reduce");
+  CHECK(std::string(fl::detail::collective_name(CollectiveKind::broadcast)) == "broadcast");
+  CHECK(std::string(fl::detail::collective_name(CollectiveKind::all_gather)) == "all_gather");
+  CHECK(std::string(fl::detail::collective_name(CollectiveKind::reduce_scatter)) == "reduce_scatter");
+  CHECK(std::string(fl::detail::collective_name(CollectiveKind::barrier)) == "barrier");
+  CHECK(std::string(fl::to_string(fl::ReduceOp::sum)) == "sum");
+  CHECK(std::string(fl::to_string(fl::ReduceOp::mean)) == "mean");
+  CHECK(std::string(fl::to_string(fl::ReduceOp::max)) == "max");
+  CHECK(std::string(fl::to_string(fl::ReduceOp::min)) == "min");
+}
+
+TEST_CASE("processes: a plain run is process 0 of 1") {
+  // The test binary runs without a launcher (meson test runs it directly).
+  CHECK(fl::process_index() == 0);
+  CHECK(fl::process_count() == 1);
+  CHECK(fl::local_process_index() == 0);
+  CHECK(fl::detail::process_placement().source == "none");
+}
+
+TEST_CASE("world communicator of a 1-process job: one participant on cpu:0") {
+  ensure_devices();
+  auto world = fl::detail::world_communicator();
+  CHECK(world == fl::detail::world_communicator());
+  CHECK(world->size() == 1);
+  CHECK(world->local_size() == 1);
+  CHECK(world->processes() == 1);
+  CHECK(world->process_rank() == 0);
+  CHECK(world->device(0) == fl::Device("cpu:0"));
+  CHECK(world->describe() == "communicator of 1 participant (1 process x [cpu:0])");
+  const fl::Tensor x = test::make({1.5, -2, 3}, fl::Shape{3});
+  CHECK(expect(world->run(0, call_of(CollectiveKind::all_reduce, x)), {1.5, -2, 3}, {3}));
+  CHECK(expect(world->run(0, call_of(CollectiveKind::all_reduce, x, fl::ReduceOp::mean)), {1.5, -2, 3}, {3}));
+  CHECK(expect(world->run(0, call_of(CollectiveKind::broadcast, x)), {1.5, -2, 3}, {3}));
+  CHECK(expect(world->run(0, call_of(CollectiveKind::all_gather, x)), {1.5, -2, 3}, {3}));
+  CHECK(expect(world->run(0, call_of(CollectiveKind::all_gather, fl::scalar(4.0f))), {4}, {1}));
+  CHECK(expect(world->run(0, call_of(CollectiveKind::reduce_scatter, x)), {1.5, -2, 3}, {3}));
+  CHECK_FALSE(world->run(0, call_of(CollectiveKind::barrier, fl::Tensor())).defined());
+}
+
+TEST_CASE("all_reduce over 4 participants: sum, mean, max, min, worked by hand") {
+  auto comm = local_communicator(4);
+  CHECK(comm->describe() == "communicator of 4 participants (1 process x [cpu:0, cpu:1, cpu:2, cpu:3])");
+  const std::vector<std::vector<double>> inputs = {{1, -4, 0.5}, {2, 8, 0.25}, {3, -1, 4}, {10, 2, -0.75}};
+  auto make_call = [&](fl::ReduceOp op) {
+    return [&, op](int i) { return call_of(CollectiveKind::all_reduce, on(test::make(inputs[i]), i), op); };
+  };
+  const std::vector<std::pair<fl::ReduceOp, std::vector<double>>> cases = {
+      {fl::ReduceOp::sum, {16, 5, 4}},
+      {fl::ReduceOp::mean, {4, 1.25, 1}},
+      {fl::ReduceOp::max, {10, 8, 4}},
+      {fl::ReduceOp::min, {1, -4, -0.75}},
+  };
+  for (const auto& [op, want] : cases) {
+    CAPTURE(fl::to_string(op));
+    const auto outcomes = run_all(*comm, make_call(op));
+    for (int i = 0; i < 4; ++i) {
+      CHECK(expect(outcomes[i].result, want, {3}));
+      CHECK(outcomes[i].result.device() == fl::Device(fl::DeviceKind::cpu, i));
+    }
+  }
+}
+
+TEST_CASE("all_reduce in every dtype matches a sum computed here") {
+  auto comm = local_communicator(3);
+  for (fl::DType dt : test::kAllDTypes) {
+    CAPTURE(dt);
+    std::vector<std::vector<double>> inputs = {{1, 0, 5, 7}, {2, 0, 0, 9}, {4, 1, 0, 11}};
+    if (dt == fl::b8) inputs = {{1, 0, 1, 0}, {1, 0, 0, 0}, {1, 1, 0, 0}};
+    for (fl::ReduceOp op : {fl::ReduceOp::sum, fl::ReduceOp::mean, fl::ReduceOp::max, fl::ReduceOp::min}) {
+      CAPTURE(fl::to_string(op));
+      std::vector<double> want(4);
+      for (size_t k = 0; k < 4; ++k) {
+        double s = 0, mx = -1e300, mn = 1e300;
+        for (const auto& in : inputs) {
+          s += in[k];
+          mx = std::max(mx, in[k]);
+          mn = std::min(mn, in[k]);
+        }
+        if (dt == fl::b8) {
+          // b8: sum and max are "any", min and mean "all".
+          want[k] = (op == fl::ReduceOp::sum || op == fl::ReduceOp::max) ? (mx > 0) : (mn > 0);
+        } else if (op == fl::ReduceOp::sum) {
+          want[k] = s;
+        } else if (op == fl::ReduceOp::mean) {
+          want[k] = test::is_float(dt) ? test::round_to(s / 3, dt) : std::trunc(s / 3);
+        } else {
+          want[k] = op == fl::ReduceOp::max ? mx : mn;
+        }
+      }
+      const auto outcomes = run_all(*comm, [&](int i) {
+        return call_of(CollectiveKind::all_reduce, on(test::make(inputs[i], dt), i), op);
+      });
+      for (int i = 0; i < 3; ++i) {
+        REQUIRE_FALSE(outcomes[i].error);
+        CHECK(outcomes[i].result.dtype() == dt);
+        CHECK(expect(outcomes[i].result, want, {4}));
+      }
+    }
+  }
+}
+
+TEST_CASE("f16 and bf16 accumulate in f32 and round once") {
+  auto comm = local_communicator(4);
+  // f16 holds even integers only at 2048: step by step in f16, 2048 + 1 rounds back to 2048 each
+  // time; accumulated in f32 the sum is 2051, which rounds (to even) to 2052.
+  auto outcomes = run_all(*comm, [&](int i) {
+    return call_of(CollectiveKind::all_reduce, on(test::make({i == 0 ? 2048.0 : 1.0}, fl::f16), i));
+  });
+  for (int i = 0; i < 4; ++i) CHECK(results_of(outcomes[i]) == std::vector<double>{2052});
+  // bf16 holds 256 and 258 but not 257: 256 + 1 + 1 + 1 = 259 rounds to 260 (f32 accumulation),
+  // not to 256 (bf16 step by step).
+  outcomes = run_all(*comm, [&](int i) {
+    return call_of(CollectiveKind::all_reduce, on(test::make({i == 0 ? 256.0 : 1.0}, fl::bf16), i));
+  });
+  for (int i = 0; i < 4; ++i) CHECK(results_of(outcomes[i]) == std::vector<double>{260});
+  // mean divides in f32 before the one rounding: (2048 + 3) / 4 = 512.75, halfway between f16's
+  // 512.5 and 513 (step 0.5 there): ties to even give 513. (Step by step in f16: 2048 / 4 = 512.)
+  outcomes = run_all(*comm, [&](int i) {
+    return call_of(CollectiveKind::all_reduce, on(test::make({i == 0 ? 2048.0 : 1.0}, fl::f16), i), fl::ReduceOp::mean);
+  });
+  for (int i = 0; i < 4; ++i) CHECK(results_of(outcomes[i]) == std::vector<double>{513});
+}
+
+TEST_CASE("integers: sums wrap, mean truncates toward zero") {
+  auto comm = local_communicator(4);
+  auto outcomes = run_all(*comm, [&](int i) {
+    const int32_t v = i == 0 ? std::numeric_limits<int32_t>::max() : (i == 1 ? 1 : 0);
+    return call_of(CollectiveKind::all_reduce, on(fl::tensor(std::vector<int32_t>{v}, fl::Shape{1}), i));
+  });
+  for (int i = 0; i < 4; ++i) CHECK(outcomes[i].result.to_vector<int32_t>()[0] == std::numeric_limits<int32_t>::min());
+  // -5 / 4 = -1.25 -> -1, 5 / 4 -> 1.
+  outcomes = run_all(*comm, [&](int i) {
+    const std::vector<int64_t> v = {i == 0 ? -8 : 1, i == 0 ? 2 : 1};
+    return call_of(CollectiveKind::all_reduce, on(fl::tensor(v, fl::Shape{2}), i), fl::ReduceOp::mean);
+  });
+  for (int i = 0; i < 4; ++i) CHECK(outcomes[i].result.to_vector<int64_t>() == std::vector<int64_t>{-1, 1});
+}
+
+TEST_CASE("results are bit-identical on every participant and reduce in participant order") {
+  auto comm = local_communicator(4);
+  std::vector<fl::Tensor> inputs;
+  for (int i = 0; i < 4; ++i) inputs.push_back(on(test::random_tensor(fl::Shape{1000}, 100 + i), i));
+  const auto outcomes = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, inputs[i]); });
+  std::vector<float> want(1000);
+  for (int k = 0; k < 1000; ++k) {
+    float s = inputs[0].data<float>()[k];
+    for (int i = 1; i < 4; ++i) s += inputs[i].data<float>()[k];
+    want[k] = s;
+  }
+  for (int i = 0; i < 4; ++i) {
+    const auto got = outcomes[i].result.to_vector<float>();
+    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("broadcast, all_gather and reduce_scatter, worked by hand") {
+  auto comm = local_communicator(4);
+  SUBCASE("broadcast from root 2") {
+    const auto outcomes = run_all(*comm, [&](int i) {
+      return call_of(CollectiveKind::broadcast, on(test::make({10.0 * i, 1.0 + i}), i), fl::ReduceOp::sum, 2);
+    });
+    for (int i = 0; i < 4; ++i) {
+      CHECK(expect(outcomes[i].result, {20, 3}, {2}));
+      CHECK(outcomes[i].result.device() == fl::Device(fl::DeviceKind::cpu, i));
+    }
+  }
+  SUBCASE("broadcast gives each participant its own tensor, not the root's") {
+    fl::Tensor root_input = on(test::make({7}), 1);
+    const auto outcomes = run_all(*comm, [&](int i) {
+      return call_of(CollectiveKind::broadcast, i == 1 ? root_input : on(test::make({0}), i), fl::ReduceOp::sum, 1);
+    });
+    CHECK(outcomes[1].result.raw_data() != root_input.raw_data());
+  }
+  SUBCASE("all_gather concatenates along axis 0 in participant order") {
+    const auto outcomes = run_all(*comm, [&](int i) {
+      return call_of(CollectiveKind::all_gather, on(test::make({1.0 * i, 10.0 * i}, fl::Shape{1, 2}), i));
+    });
+    for (int i = 0; i < 4; ++i) CHECK(expect(outcomes[i].result, {0, 0, 1, 10, 2, 20, 3, 30}, {4, 2}));
+  }
+  SUBCASE("all_gather of scalars has shape [participants]") {
+    const auto outcomes =
+        run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_gather, on(fl::scalar(int64_t{5 + i}), i)); });
+    for (int i = 0; i < 4; ++i) CHECK(outcomes[i].result.to_vector<int64_t>() == std::vector<int64_t>{5, 6, 7, 8});
+  }
+  SUBCASE("reduce_scatter: participant i gets part i of the sum") {
+    const auto outcomes = run_all(*comm, [&](int i) {
+      std::vector<double> v(8);
+      for (int k = 0; k < 8; ++k) v[k] = k + 100 * i;  // sum over i: 4k + 600
+      return call_of(CollectiveKind::reduce_scatter, on(test::make(v, fl::Shape{4, 2}), i));
+    });
+    for (int i = 0; i < 4; ++i) {
+      CHECK(expect(outcomes[i].result, {4.0 * (2 * i) + 600, 4.0 * (2 * i + 1) + 600}, {1, 2}));
+    }
+  }
+  SUBCASE("reduce_scatter mean in bf16") {
+    const auto outcomes = run_all(*comm, [&](int i) {
+      return call_of(CollectiveKind::reduce_scatter, on(test::make({1.0 * i, 2, 3, 4, 5, 6, 7, 8}, fl::bf16), i),
+                     fl::ReduceOp::mean);
+    });
+    // Element 0: (0 + 1 + 2 + 3) / 4 = 1.5; the others are the same on every participant.
+    const std::vector<std::vector<double>> want = {{1.5, 2}, {3, 4}, {5, 6}, {7, 8}};
+    for (int i = 0; i < 4; ++i) CHECK(expect(outcomes[i].result, want[i], {2}));
+  }
+  SUBCASE("barrier returns an empty handle to everyone") {
+    const auto outcomes = run_all(*comm, [&](int) { return call_of(CollectiveKind::barrier, fl::Tensor()); });
+    for (int i = 0; i < 4; ++i) {
+      CHECK_FALSE(outcomes[i].error);
+      CHECK_FALSE(outcomes[i].result.defined());
+    }
+  }
+}
+
+TEST_CASE("0-size tensors pass through every kind") {
+  auto comm = local_communicator(2);
+  for (CollectiveKind kind : {CollectiveKind::all_reduce, CollectiveKind::broadcast, CollectiveKind::all_gather,
+                              CollectiveKind::reduce_scatter}) {
+    CAPTURE(fl::detail::collective_name(kind));
+    const auto outcomes =
+        run_all(*comm, [&](int i) { return call_of(kind, on(fl::zeros(fl::Shape{0, 3}, fl::f16), i)); });
+    for (int i = 0; i < 2; ++i) {
+      REQUIRE_FALSE(outcomes[i].error);
+      CHECK(outcomes[i].result.shape() == fl::Shape{0, 3});
+      CHECK(outcomes[i].result.dtype() == fl::f16);
+    }
+  }
+  const auto gathered = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_gather, on(fl::zeros(fl::Shape{3, 0}), i)); });
+  CHECK(gathered[1].result.shape() == fl::Shape{6, 0});
+}
+
+TEST_CASE("non-contiguous inputs are read in row-major order") {
+  auto comm = local_communicator(2);
+  const auto outcomes = run_all(*comm, [&](int i) {
+    return call_of(CollectiveKind::all_gather, on(fl::transpose(test::make({1, 2, 3, 4, 5, 6}, fl::Shape{2, 3})), i));
+  });
+  CHECK(expect(outcomes[0].result, {1, 4, 2, 5, 3, 6, 1, 4, 2, 5, 3, 6}, {6, 2}));
+}
+
+TEST_CASE("participants that disagree all fail with an error naming both") {
+  auto comm = local_communicator(4);
+  auto all_fail = [&](const std::function<CollectiveCall(int)>& make_call, auto check) {
+    const auto outcomes = run_all(*comm, make_call);
+    for (int i = 0; i < 4; ++i) check(outcomes[i]);
+  };
+  SUBCASE("shape") {
+    all_fail([&](int i) { return call_of(CollectiveKind::all_reduce, on(fl::zeros(fl::Shape{i == 3 ? 3 : 2}), i)); },
+             [](const Outcome& o) {
+               test::check_op_throws<fl::ShapeError>("all_reduce", [&] { rethrow(o); },
+                                                     {"disagree on the shape", "participant 3 (cpu:3) with [3]", "with [2]"});
+             });
+  }
+  SUBCASE("dtype") {
+    all_fail([&](int i) { return call_of(CollectiveKind::all_gather, on(fl::zeros(fl::Shape{2}, i == 1 ? fl::f64 : fl::f32), i)); },
+             [](const Outcome& o) {
+               test::check_op_throws<fl::DTypeError>("all_gather", [&] { rethrow(o); },
+                                                     {"disagree on the dtype", "participant 1 (cpu:1) with f64", "with f32"});
+             });
+  }
+  SUBCASE("reduction") {
+    all_fail([&](int i) {
+               return call_of(CollectiveKind::all_reduce, on(fl::zeros(fl::Shape{2}), i),
+                              i == 2 ? fl::ReduceOp::max : fl::ReduceOp::sum);
+             },
+             [](const Outcome& o) {
+               test::check_op_throws<fl::InvalidArgument>("all_reduce", [&] { rethrow(o); },
+                                                          {"disagree on the reduction", "(cpu:2) with max", "with sum"});
+             });
+  }
+  SUBCASE("collective") {
+    all_fail([&](int i) {
+               return call_of(i == 0 ? CollectiveKind::broadcast : CollectiveKind::all_reduce, on(fl::zeros(fl::Shape{2}), i));
+             },
+             [](const Outcome& o) {
+               test::check_throws<fl::InvalidArgument>([&] { rethrow(o); },
+                                                       {"disagree on the collective", "participant 0 (cpu:0) with broadcast",
+                                                        "with all_reduce"});
+             });
+  }
+  SUBCASE("root") {
+    all_fail([&](int i) {
+               return call_of(CollectiveKind::broadcast, on(fl::zeros(fl::Shape{2}), i), fl::ReduceOp::sum, i == 0 ? 1 : 0);
+             },
+             [](const Outcome& o) {
+               test::check_op_throws<fl::InvalidArgument>("broadcast", [&] { rethrow(o); },
+                                                          {"disagree on the root", "root 1", "root 0"});
+             });
+  }
+  // The failed call is over for everyone: the next one works.
+  const auto next = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({1.0 * i}), i)); });
+  for (int i = 0; i < 4; ++i) CHECK(expect(next[i].result, {6}, {1}));
+}
+
+TEST_CASE("participants that do not arrive: DeadlineExceeded names them, late ones fail too") {
+  auto comm = local_communicator(4, 0.2);
+  const auto begin = std::chrono::steady_clock::now();
+  const auto outcomes = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), i)); },
+                                {0, 2});
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  CHECK(waited >= 0.19);
+  CHECK(waited < 5);
+  for (int i : {0, 2}) {
+    test::check_op_throws<fl::DeadlineExceeded>("all_reduce", [&] { rethrow(outcomes[i]); },
+                                                {"participants [1, 3] of communicator of 4 participants",
+                                                 "did not arrive within 0.2 s"});
+  }
+  // Participants 1 and 3 arrive late at the same call: it is over, they fail at once.
+  const auto late = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), i)); },
+                            {1, 3});
+  for (int i : {1, 3}) test::check_throws<fl::DeadlineExceeded>([&] { rethrow(late[i]); }, {"did not arrive"});
+  // The next call has everyone.
+  const auto next = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({2}), i)); });
+  for (int i = 0; i < 4; ++i) CHECK(expect(next[i].result, {8}, {1}));
+}
+
+TEST_CASE("start() returns at once and matches calls by number, many in flight") {
+  auto comm = local_communicator(3);
+  constexpr int kCalls = 200;
+  std::vector<std::promise<fl::Tensor>> results(3 * kCalls);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < kCalls; ++k) {
+        comm->start(i, call_of(CollectiveKind::all_reduce, on(test::make({1.0 * k + i}), i)),
+                    [&, i, k](fl::Tensor r, std::exception_ptr e) {
+                      if (e) {
+                        results[i * kCalls + k].set_exception(e);
+                      } else {
+                        results[i * kCalls + k].set_value(std::move(r));
+                      }
+                    });
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  bool all_right = true;
+  for (int i = 0; i < 3; ++i) {
+    for (int k = 0; k < kCalls; ++k) {
+      const double got = test::values(results[i * kCalls + k].get_future().get())[0];
+      all_right = all_right && got == 3.0 * k + 3;  // (k + 0) + (k + 1) + (k + 2)
+    }
+  }
+  CHECK(all_right);
+}
+
+TEST_CASE("a participant's own argument errors are thrown by start()") {
+  auto comm = local_communicator(2);
+  auto ignore = [](fl::Tensor, std::exception_ptr) {};
+  test::check_op_throws<fl::DeviceError>("all_reduce", [&] {
+    comm->start(1, call_of(CollectiveKind::all_reduce, test::make({1})), ignore);
+  }, {"participant 1", "runs on cpu:1", "got a tensor on cpu:0"});
+  test::check_op_throws<fl::InvalidArgument>("all_gather", [&] {
+    comm->start(0, call_of(CollectiveKind::all_gather, fl::Tensor()), ignore);
+  }, {"empty tensor handle"});
+  test::check_op_throws<fl::InvalidArgument>("broadcast", [&] {
+    comm->start(0, call_of(CollectiveKind::broadcast, test::make({1}), fl::ReduceOp::sum, 2), ignore);
+  }, {"root 2 is not a participant", "(0 .. 1)"});
+  test::check_op_throws<fl::ShapeError>("reduce_scatter", [&] {
+    comm->start(0, call_of(CollectiveKind::reduce_scatter, test::make({1, 2, 3})), ignore);
+  }, {"2 equal parts", "[3]"});
+  test::check_op_throws<fl::ShapeError>("reduce_scatter", [&] {
+    comm->start(0, call_of(CollectiveKind::reduce_scatter, fl::scalar(1.0f)), ignore);
+  }, {"[]"});
+  test::check_throws<fl::InvalidArgument>([&] {
+    comm->start(2, call_of(CollectiveKind::all_reduce, test::make({1})), ignore);
+  }, {"local participant 2 does not exist"});
+  // None of these counted as a call: a complete call still works.
+  const auto next = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), i)); });
+  for (int i = 0; i < 2; ++i) CHECK(expect(next[i].result, {2}, {1}));
+}
+
+TEST_CASE("make_communicator checks its devices") {
+  ensure_devices();
+  test::check_op_throws<fl::InvalidArgument>("make_communicator", [&] { fl::detail::make_communicator({}); },
+                                             {"at least one"});
+  test::check_op_throws<fl::InvalidArgument>("make_communicator", [&] {
+    fl::detail::make_communicator({fl::Device("cpu:1"), fl::Device("cpu:1")});
+  }, {"distinct", "cpu:1 twice"});
+  test::check_throws<fl::DeviceError>([&] { fl::detail::make_communicator({fl::Device("cpu:9")}); }, {"cpu:9"});
+  if (fl::device_count(fl::DeviceKind::cuda) == 0) {
+    test::check_throws<fl::DeviceError>([&] { fl::detail::make_communicator({fl::Device("cuda:0")}); }, {"cuda:0"});
+  }
+  test::check_throws<fl::InvalidArgument>([&] {
+    setenv("FLOWLET_COLLECTIVE_TIMEOUT", "soon", 1);
+    try {
+      fl::detail::make_communicator({fl::Device("cpu:0")});
+    } catch (...) {
+      unsetenv("FLOWLET_COLLECTIVE_TIMEOUT");
+      throw;
+    }
+    unsetenv("FLOWLET_COLLECTIVE_TIMEOUT");
+  }, {"FLOWLET_COLLECTIVE_TIMEOUT", "soon"});
+}
+
+TEST_CASE("destroying a communicator with a call waiting fails that call with Cancelled") {
+  auto comm = local_communicator(2);
+  std::promise<std::exception_ptr> got;
+  comm->start(0, call_of(CollectiveKind::all_reduce, test::make({1})), [&](fl::Tensor, std::exception_ptr e) {
+    got.set_value(e);
+  });
+  comm.reset();
+  const std::exception_ptr error = got.get_future().get();
+  test::check_throws<fl::Cancelled>([&] { std::rethrow_exception(error); }, {"destroyed"});
+}
