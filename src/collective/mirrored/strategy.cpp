@@ -175,8 +175,9 @@ std::vector<std::shared_ptr<VariableState>> MirroredCore::live_variables() {
   std::vector<std::shared_ptr<VariableState>> live;
   std::erase_if(variables_, [&](const std::weak_ptr<VariableState>& weak) {
     auto state = weak.lock();
-    if (state) live.push_back(std::move(state));
-    return !state;
+    if (!state) return true;
+    live.push_back(std::move(state));
+    return false;
   });
   return live;
 }
