@@ -43,11 +43,15 @@ std::vector<Tensor> average_gradients(const std::vector<Tensor>& grads) {
   if (replica->communicator->size() == 1) return grads;  // one replica: its gradient is the average
   const ReplicaStep* step = current_replica_step();
   if (step != nullptr && step->strategy != replica->strategy) step = nullptr;
+  const int replicas = replica->communicator->size();
   // Weight rows_r / B makes the sum the full batch's mean gradient (for a loss that is a mean over
-  // the replica's rows); without a step (a replica set up by hand) every replica weighs the same.
-  const double weight = step != nullptr ? static_cast<double>(step->rows) / static_cast<double>(step->global_rows)
-                                        : 1.0 / static_cast<double>(replica->communicator->size());
-  const bool contributes = step == nullptr || step->rows > 0;  // 0 rows: its mean gradient is 0/0
+  // the replica's rows). When every replica has the same rows (or without a step: a replica set up
+  // by hand) that is the mean over replicas, which the all-reduce computes without a pass of its own.
+  const bool even = step == nullptr || (step->global_rows > 0 && step->global_rows % replicas == 0);
+  const double weight =
+      even || step->global_rows == 0 ? 1.0 : static_cast<double>(step->rows) / static_cast<double>(step->global_rows);
+  const bool contributes = even || step->rows > 0;  // 0 rows: its mean gradient is 0/0
+  const ReduceOp reduction = even ? ReduceOp::mean : ReduceOp::sum;
   const int64_t bucket_bytes = step != nullptr && step->bucket_bytes > 0 ? step->bucket_bytes : kDefaultBucketBytes;
 
   std::vector<Tensor> averaged(grads.size());
@@ -59,7 +63,7 @@ std::vector<Tensor> average_gradients(const std::vector<Tensor>& grads) {
       const Tensor row = reshape(g, Shape{g.numel()});
       flat.push_back(!contributes ? zeros_like(row) : weight == 1.0 ? row : row * weight);
     }
-    const Tensor reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0), ReduceOp::sum);
+    const Tensor reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0), reduction);
     int64_t offset = 0;
     for (size_t k : bucket) {
       const Tensor& g = grads[k];

@@ -1,5 +1,6 @@
 // Gradient averaging for Optimizer::apply inside MirroredStrategy::run: each replica's gradients
-// become their weighted sum over every replica, sum_r (rows_r / B) g_r, all-reduced in buckets.
+// become their weighted sum over every replica, sum_r (rows_r / B) g_r, all-reduced in buckets
+// (an all_reduce mean when every replica has B / R rows; a replica with 0 rows contributes zeros).
 //
 // Buckets: the gradients in reverse order (the order backward produces them: last layer first),
 // flattened and concatenated until a bucket holds about MirroredOptions::bucket_bytes (a larger
