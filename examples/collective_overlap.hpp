@@ -22,7 +22,8 @@ namespace detail {
 
 // The text of `"key":<value>` in `event` (a number or a quoted string, without the quotes).
 inline std::string field(std::string_view event, std::string_view key) {
-  const std::string pattern = "\"" + std::string(key) + "\":";
+  std::string pattern(1, '"');
+  pattern.append(key).append("\":");
   const size_t at = event.find(pattern);
   if (at == std::string_view::npos) return {};
   size_t begin = at + pattern.size();

@@ -60,14 +60,15 @@ std::vector<Tensor> average_gradients(const std::vector<Tensor>& grads) {
     flat.reserve(bucket.size());
     for (size_t k : bucket) {
       const Tensor& g = grads[k];
-      const Tensor row = reshape(g, Shape{g.numel()});
+      const Tensor row = g.rank() == 1 ? g : reshape(g, Shape{g.numel()});  // no node for a no-op
       flat.push_back(!contributes ? zeros_like(row) : weight == 1.0 ? row : row * weight);
     }
     const Tensor reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0), reduction);
     int64_t offset = 0;
     for (size_t k : bucket) {
       const Tensor& g = grads[k];
-      averaged[k] = reshape(slice(reduced, 0, offset, g.numel()), g.shape());
+      const Tensor part = bucket.size() == 1 ? reduced : slice(reduced, 0, offset, g.numel());
+      averaged[k] = g.rank() == 1 ? part : reshape(part, g.shape());
       offset += g.numel();
     }
   }
