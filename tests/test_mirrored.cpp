@@ -1,7 +1,10 @@
 // MirroredStrategy on logical CPU devices: mirrored variables, run() (splitting, per-replica traces,
 // results), training that equals single-device full-batch training, replicas that stay identical,
 // gradient buckets, the equality check, and the errors.
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
 #include <cstring>
 #include <string>
 
@@ -277,14 +280,16 @@ TEST_CASE("one all_reduce per bucket in each replica's trace, and the timeline s
   auto step = make_step(model, sgd);
   auto [x, y] = batch(0, 8);
   (void)dp.run(step, x, y);
-  const std::string timeline = dp.timeline_json(1);
-  size_t count = 0;
-  for (size_t at = timeline.find("all_reduce"); at != std::string::npos; at = timeline.find("all_reduce", at + 1)) {
-    ++count;
-  }
-  // Buckets: {logits bias, logits weight}, {hidden bias}, {hidden weight} (6 * 8 * 4 = 192 bytes).
-  CHECK(count >= 3);
-  CHECK(dp.timeline_json(0).find("all_reduce") != std::string::npos);
+  auto all_reduce_nodes = [](const std::string& timeline) {
+    size_t count = 0;
+    const std::string event = "\"cat\":\"all_reduce\"";
+    for (size_t at = timeline.find(event); at != std::string::npos; at = timeline.find(event, at + 1)) ++count;
+    return count;
+  };
+  // Buckets, from the last gradient back: {logits bias, logits weight} (12 + 96 bytes), {hidden
+  // bias} (32: the bucket is full), {hidden weight} (6 * 8 * 4 = 192 bytes, alone).
+  CHECK(all_reduce_nodes(dp.timeline_json(1)) == 3);
+  CHECK(all_reduce_nodes(dp.timeline_json(0)) == 3);
   test::check_throws<fl::InvalidArgument>([&] { (void)dp.timeline_json(2); }, {"timeline_json", "got 2"});
 }
 
@@ -379,4 +384,61 @@ TEST_CASE("MirroredStrategy errors: devices, options, batches, plain variables, 
   // run() inside a traced function, and inside run().
   auto outer = fl::trace([&](fl::Tensor x) { return dp.run(identity, x)[0]; });
   test::check_throws<fl::InvalidArgument>([&] { (void)outer(fl::ones({2, 1})); }, {"MirroredStrategy::run", "traced"});
+}
+
+TEST_CASE("a checkpoint saves replica 0's copy and a restore sets every copy") {
+  ensure_devices();
+  fl::MirroredStrategy dp(first_devices(2), quick_options());
+  fl::Variable w;
+  {
+    auto scope = dp.scope();
+    w = fl::Variable(test::make({1, 2}), "w");
+  }
+  const std::string path =
+      (std::filesystem::temp_directory_path() / fmt::format("flowlet_mirrored_{}.safetensors", ::getpid())).string();
+  fl::save_checkpoint(path, {w}, 5);
+  w.assign(test::make({9, 9}));
+  CHECK(fl::restore_checkpoint(path, {w}) == 5);
+  std::filesystem::remove(path);
+  auto read = [&](fl::Tensor x) { return w.value() + fl::sum(x) * 0.0f; };
+  for (const fl::Tensor& copy : dp.run(read, fl::ones({2, 1}))) CHECK(test::values(copy) == std::vector<double>{1, 2});
+  dp.check_replicas_equal();
+}
+
+TEST_CASE("outside run(), a traced function reads replica 0's copy and its updates reach every copy") {
+  ensure_devices();
+  fl::MirroredStrategy dp(first_devices(2), quick_options());
+  fl::Variable w;
+  {
+    auto scope = dp.scope();
+    w = fl::Variable(test::make({1, 2}), "w");
+  }
+  auto bump = fl::trace([&](fl::Tensor x) {
+    w.assign_add(x);
+    return w.value();
+  });
+  CHECK(test::values(bump(test::make({10, 20}))) == std::vector<double>{11, 22});
+  // An update from another device moves to each copy's device.
+  w.assign_sub(test::make({1, 1}).to(fl::Device("cpu:1")));
+  auto read = [&](fl::Tensor x) { return w.value() + fl::sum(x) * 0.0f; };
+  for (const fl::Tensor& copy : dp.run(read, fl::ones({2, 1}))) CHECK(test::values(copy) == std::vector<double>{10, 21});
+  // A bad update changes no copy.
+  test::check_throws<fl::ShapeError>([&] { w.assign(test::make({1, 2, 3})); }, {"assign", "'w'"});
+  dp.check_replicas_equal();
+}
+
+TEST_CASE("mirrored training equals eager single-device training too") {
+  ensure_devices();
+  fl::nn::Sequential model;
+  build_mlp(model);
+  fl::optim::SGD sgd(0.1, 0.9);
+  auto step = make_step(model, sgd);  // eager: not traced
+  for (int k = 0; k < 10; ++k) {
+    auto [x, y] = batch(k, 12);
+    (void)step(x, y);
+  }
+  std::vector<std::vector<double>> want;
+  for (const fl::Variable& v : model.parameters()) want.push_back(test::values(v.value()));
+  const auto [params, losses] = mirrored(fl::optim::SGD(0.1, 0.9), 10, 12, 3);
+  check_close(params, want);
 }
