@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <cstring>
 #include <string>
@@ -441,4 +442,37 @@ TEST_CASE("mirrored training equals eager single-device training too") {
   for (const fl::Variable& v : model.parameters()) want.push_back(test::values(v.value()));
   const auto [params, losses] = mirrored(fl::optim::SGD(0.1, 0.9), 10, 12, 3);
   check_close(params, want);
+}
+
+TEST_CASE("a replica that fails while running: run() rethrows its error, never hangs, and the strategy recovers") {
+  ensure_devices();
+  fl::MirroredOptions options = quick_options();
+  options.collective_timeout_seconds = 2;  // replica 0 waits this long in its all_reduce for replica 1
+  options.check_replicas_equal = true;
+  fl::MirroredStrategy dp(first_devices(2), options);
+  fl::nn::Sequential model;
+  {
+    auto scope = dp.scope();
+    build_mlp(model);
+  }
+  fl::optim::SGD sgd(0.1);
+  auto step = make_step(model, sgd);
+  auto [x, y] = batch(0, 8);
+  const std::vector<double> before = test::values(model.parameters()[0].value());
+  // Row 6 (replica 1's share) has a label outside [0, 3): replica 1's loss fails when it runs.
+  const fl::Tensor bad_labels = fl::concat({fl::slice(y, 0, 0, 6), fl::full({1}, int64_t{7}, fl::i64), fl::slice(y, 0, 7, 1)}, 0);
+  const auto start = std::chrono::steady_clock::now();
+  test::check_throws<fl::OutOfRange>([&] { (void)dp.run(step, x, bad_labels); }, {"softmax_cross_entropy"});
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));
+  // No replica applied an update (replica 0's waited for the all-reduce that failed).
+  CHECK(test::values(model.parameters()[0].value()) == before);
+  dp.check_replicas_equal();
+  // The next step runs normally (a new communicator, new traces) and equals one device.
+  (void)dp.run(step, x, y);
+  fl::nn::Sequential reference;
+  build_mlp(reference);
+  fl::optim::SGD reference_sgd(0.1);
+  (void)make_step(reference, reference_sgd)(x, y);
+  CHECK(test::check_values(test::values(model.parameters()[0].value()),
+                           test::values(reference.parameters()[0].value()), test::Tolerance{2e-5, 2e-5}));
 }

@@ -132,14 +132,16 @@ void Optimizer::apply(const std::vector<Tensor>& grads, const std::vector<Variab
   }
   build(vars);
   // Inside MirroredStrategy::run: the gradients averaged over every replica (bucketed all-reduces).
-  const std::vector<Tensor> averaged = replica != nullptr ? detail::average_gradients(grads) : std::vector<Tensor>{};
-  const std::vector<Tensor>& use = replica != nullptr ? averaged : grads;
+  const detail::AveragedGradients averaged =
+      replica != nullptr ? detail::average_gradients_with_completion(grads) : detail::AveragedGradients{};
+  const std::vector<Tensor>& use = replica != nullptr ? averaged.grads : grads;
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!use[i].defined()) continue;
     Variable var = vars[i];
     update(var, use[i]);
   }
-  iterations_.assign_add(ones({}, i64, iterations_.device()));
+  // A replica's counter counts only steps whose all-reduces succeeded on every replica.
+  iterations_.assign_add(averaged.completed.defined() ? averaged.completed : ones({}, i64, iterations_.device()));
 }
 
 SGD::SGD(double lr, double momentum, bool nesterov, double weight_decay)

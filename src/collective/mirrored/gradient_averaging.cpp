@@ -36,11 +36,15 @@ std::vector<std::vector<size_t>> gradient_buckets(const std::vector<Tensor>& gra
 }
 
 std::vector<Tensor> average_gradients(const std::vector<Tensor>& grads) {
+  return average_gradients_with_completion(grads).grads;
+}
+
+AveragedGradients average_gradients_with_completion(const std::vector<Tensor>& grads) {
   const ReplicaContext* replica = current_replica();
   if (replica == nullptr || !replica->communicator) {
     fail<InvalidArgument>("average_gradients: called outside MirroredStrategy::run");
   }
-  if (replica->communicator->size() == 1) return grads;  // one replica: its gradient is the average
+  if (replica->communicator->size() == 1) return {grads, Tensor()};  // one replica: its gradient is the average
   const ReplicaStep* step = current_replica_step();
   if (step != nullptr && step->strategy != replica->strategy) step = nullptr;
   const int replicas = replica->communicator->size();
@@ -55,6 +59,7 @@ std::vector<Tensor> average_gradients(const std::vector<Tensor>& grads) {
   const int64_t bucket_bytes = step != nullptr && step->bucket_bytes > 0 ? step->bucket_bytes : kDefaultBucketBytes;
 
   std::vector<Tensor> averaged(grads.size());
+  Tensor last_reduced;
   for (const std::vector<size_t>& bucket : gradient_buckets(grads, bucket_bytes)) {
     std::vector<Tensor> flat;
     flat.reserve(bucket.size());
@@ -64,6 +69,7 @@ std::vector<Tensor> average_gradients(const std::vector<Tensor>& grads) {
       flat.push_back(!contributes ? zeros_like(row) : weight == 1.0 ? row : row * weight);
     }
     const Tensor reduced = all_reduce(flat.size() == 1 ? flat[0] : concat(flat, 0), reduction);
+    if (reduced.numel() > 0) last_reduced = reduced;
     int64_t offset = 0;
     for (size_t k : bucket) {
       const Tensor& g = grads[k];
@@ -72,7 +78,15 @@ std::vector<Tensor> average_gradients(const std::vector<Tensor>& grads) {
       offset += g.numel();
     }
   }
-  return averaged;
+  Tensor completed;
+  if (last_reduced.defined()) {
+    // 1 whatever the value (NaN included), but computed from it: the graph runs this only after the
+    // all-reduce succeeded. The passes fold neither where() with equal branches nor a value's compare.
+    const Tensor first = slice(last_reduced, 0, 0, 1);
+    const Tensor one = ones({1}, i64);
+    completed = reshape(where(first == first, one, one), Shape{});
+  }
+  return {std::move(averaged), completed};
 }
 
 }  // namespace flowlet::detail

@@ -21,6 +21,16 @@ namespace flowlet::detail {
 // shapes, dtypes and definedness, which the collectives check). Call inside a replica only.
 std::vector<Tensor> average_gradients(const std::vector<Tensor>& grads);
 
+// The same, and `completed`: an i64 scalar 1 computed from the last bucket's all-reduce result (so
+// it exists only once every replica's all-reduces succeeded), or an empty handle when nothing was
+// all-reduced. The optimizer adds it to its step counter: a step in which a replica failed leaves
+// every replica's counter where it was, as it leaves their variables.
+struct AveragedGradients {
+  std::vector<Tensor> grads;
+  Tensor completed;
+};
+AveragedGradients average_gradients_with_completion(const std::vector<Tensor>& grads);
+
 // The buckets average_gradients forms: indices into `grads`, per bucket, in all-reduce order.
 std::vector<std::vector<size_t>> gradient_buckets(const std::vector<Tensor>& grads, int64_t bucket_bytes);
 

@@ -36,6 +36,11 @@ class MirroredCore {
   // The mirrored variables still alive, in creation order.
   std::vector<std::shared_ptr<VariableState>> live_variables();
   void check_replicas_equal();
+  // After a run() in which a replica failed: a process's replicas get a new communicator (their
+  // calls may be out of step) and trace again; in a job of several processes the strategy refuses
+  // further runs instead (broken()).
+  void recover_from_failed_step();
+  bool broken() const { return broken_; }
 
   std::vector<Device> devices;
   MirroredOptions options;
@@ -50,6 +55,9 @@ class MirroredCore {
   std::unique_ptr<ReplicaThreads> threads;
 
  private:
+  void connect();  // a new communicator and replica contexts
+
+  bool broken_ = false;
   std::mutex variables_mutex_;
   std::vector<std::weak_ptr<VariableState>> variables_;
   friend class ::flowlet::MirroredStrategy;

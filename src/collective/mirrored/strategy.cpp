@@ -116,11 +116,31 @@ std::exception_ptr first_cause(const std::vector<std::exception_ptr>& errors) {
 
 MirroredCore::MirroredCore(std::vector<Device> local_devices, MirroredOptions opts)
     : devices(checked_devices(std::move(local_devices))), options(checked_options(std::move(opts))) {
+  connect();
+  threads = std::make_unique<ReplicaThreads>(local_size());
+}
+
+void MirroredCore::connect() {
   CommunicatorOptions communicator_options;
   communicator_options.timeout_seconds = options.collective_timeout_seconds;
   communicator = make_communicator(devices, communicator_options);
+  contexts.clear();
   for (int l = 0; l < local_size(); ++l) contexts.push_back(ReplicaContext{communicator, l, this});
-  threads = std::make_unique<ReplicaThreads>(local_size());
+}
+
+void MirroredCore::recover_from_failed_step() {
+  if (communicator->processes() > 1) {
+    // The other processes' replicas went on numbering their calls; only all of them together could
+    // start a new communicator.
+    broken_ = true;
+    return;
+  }
+  // The replicas' collective calls may be out of step (a replica failed before a collective its
+  // peers made): a new communicator starts them all from call 0, and the traces, which name the old
+  // one in their collective nodes, are made again on the next run().
+  last_function = nullptr;
+  functions.clear();
+  connect();
 }
 
 MirroredFunction& MirroredCore::function(const FunctionKey& key) {
@@ -207,6 +227,11 @@ std::vector<std::vector<Tensor>> run_mirrored(MirroredCore& core, const Function
     }
   }
   std::lock_guard run_lock(core.run_mutex);
+  if (core.broken()) {
+    fail<InvalidArgument>("MirroredStrategy::run: an earlier run() failed in a job of {} processes, which leaves "
+                          "the replicas' collectives out of step; end the job (or restart it from a checkpoint)",
+                          core.communicator->processes());
+  }
   MirroredFunction& function = core.function(key);
   core.last_function = &function;
   const int local_size = core.local_size();
@@ -272,7 +297,10 @@ std::vector<std::vector<Tensor>> run_mirrored(MirroredCore& core, const Function
     outputs[local] = call_traced(traced_core, signature, tensors, body);
   };
   const std::vector<std::exception_ptr> errors = core.threads->run_all(replica_step);
-  if (std::exception_ptr error = first_cause(errors)) std::rethrow_exception(error);
+  if (std::exception_ptr error = first_cause(errors)) {
+    if (!trace_failed) core.recover_from_failed_step();  // a failed trace ran no collective
+    std::rethrow_exception(error);
+  }
   if (core.options.check_replicas_equal) core.check_replicas_equal();
   return outputs;
 }
