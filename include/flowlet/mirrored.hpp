@@ -43,7 +43,12 @@
 // kept for later calls with a callable of the same type and the same captured bytes (capture what
 // changes between steps by reference, or it traces again). An exception in any replica is rethrown
 // after every replica has finished: replicas waiting in a collective for the failed one fail by
-// the collective timeout (MirroredOptions::collective_timeout_seconds).
+// the collective timeout (MirroredOptions::collective_timeout_seconds), never hang. A replica whose
+// trace fails stops every local replica before any runs. After a step that failed while running,
+// variables whose updates waited for the gradient all-reduce are unchanged on every replica, and so
+// is the optimizer's step counter (its increment waits for the all-reduce too); in one process the
+// strategy then starts its replicas on a new communicator and traces fn again, while in a job of
+// several processes further run() calls throw (the processes' collectives are out of step).
 #pragma once
 
 #include <array>
@@ -141,6 +146,7 @@ class MirroredStrategy {
   const MirroredOptions& options() const;
 
   // While alive (on this thread), every Variable made is mirrored over the strategy's replicas.
+  // Must not outlive the strategy.
   class Scope {
    public:
     ~Scope();
