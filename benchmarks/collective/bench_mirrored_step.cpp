@@ -59,6 +59,23 @@ void mlp_step(const fl::Tensor& images, const fl::Tensor& labels) {
   bench::Section section("DP MLP step", bench::Metric::rate("images/s", 128.0),
                          "784-256-10 Adam, global batch 128 split over the replicas (time per global step)");
   std::vector<bench::Result> results;
+  {
+    // The same step traced plainly (no strategy): what run()'s splitting, threads and lookups cost.
+    fl::MirroredStrategy unused(cpu_devices(1));
+    fl::nn::Sequential model;
+    model.add<fl::nn::Linear>(784, 256, 1, "hidden");
+    model.add([](const fl::Tensor& x) { return fl::relu(x); });
+    model.add<fl::nn::Linear>(256, 10, 2, "logits");
+    const std::vector<fl::Variable> params = model.parameters();
+    fl::optim::Adam optimizer(1e-3);
+    auto step = fl::trace([&](fl::Tensor x, fl::Tensor y) {
+      fl::GradientTape tape;
+      fl::Tensor loss = fl::mean(fl::softmax_cross_entropy(model(x), y));
+      optimizer.apply(tape.gradient(loss, params), params);
+      return loss;
+    });
+    results.push_back(section.run("trace (no strategy)", [&] { bench::do_not_optimize(step(images, labels)); }));
+  }
   for (int replicas : {1, 2}) {
     fl::MirroredStrategy dp(cpu_devices(replicas));
     MlpStep mlp(dp);
@@ -67,6 +84,7 @@ void mlp_step(const fl::Tensor& images, const fl::Tensor& labels) {
                                   [&] { bench::do_not_optimize(dp.run(step, images, labels)); }));
   }
   section.compare(results[1], results[0], std::nullopt);
+  section.compare(results[2], results[1], std::nullopt);
 
   // The hidden share: several buckets (the hidden layer's weight gradient, 784 x 256 x 4 bytes, is
   // computed last and goes alone), sampled over steps.

@@ -83,7 +83,7 @@ AveragedGradients average_gradients_with_completion(const std::vector<Tensor>& g
     // 1 whatever the value (NaN included), but computed from it: the graph runs this only after the
     // all-reduce succeeded. The passes fold neither where() with equal branches nor a value's compare.
     const Tensor first = slice(last_reduced, 0, 0, 1);
-    const Tensor one = ones({1}, i64);
+    const Tensor one = ones({1}, i64, last_reduced.device());
     completed = reshape(where(first == first, one, one), Shape{});
   }
   return {std::move(averaged), completed};
