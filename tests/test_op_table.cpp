@@ -20,11 +20,15 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "collective/communicator.hpp"
+#include "collective/replica_context.hpp"
+#include "flowlet/collective.hpp"
 #include "flowlet/trace.hpp"
 #include "support/gpu.hpp"
 #include "support/reference.hpp"
@@ -316,6 +320,57 @@ bool random_properties(const fl::Tensor& got, const Case& c, fl::DType dt, uint6
 
 // ---------------------------------------------------------------------------------------------
 // The table
+
+// ---------------------------------------------------------------------------------------------
+// Collectives over one participant: the world's in a plain run (on cpu:0), or for inputs on another
+// device a one-participant communicator there (the world's participant lives on the default
+// device). Each is then the identity, except that all_gather turns a scalar into [1] and
+// reduce_scatter needs an axis 0. tests/test_collective_ops.cpp checks them with more participants.
+
+const std::vector<fl::ReduceOp> kCollectiveReductions = {fl::ReduceOp::sum, fl::ReduceOp::mean, fl::ReduceOp::max,
+                                                         fl::ReduceOp::min};
+
+fl::Tensor as_participant_of(const fl::Tensor& t, const std::function<fl::Tensor()>& call) {
+  if (!t.defined() || t.device() == fl::Device()) return call();
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<fl::detail::Communicator>> communicators;
+  std::shared_ptr<fl::detail::Communicator> communicator;
+  {
+    std::lock_guard lock(mutex);
+    auto& slot = communicators[t.device().str()];
+    if (!slot) slot = fl::detail::make_communicator({t.device()});
+    communicator = slot;
+  }
+  const fl::detail::ReplicaContext replica{communicator, 0, nullptr};
+  const fl::detail::ReplicaScope scope(&replica);
+  return call();
+}
+
+std::vector<Case> collective_cases(int64_t variants) {
+  std::vector<Case> cases;
+  for (const Case& c : kUnaryCases) {
+    for (int64_t arg = 0; arg < variants; ++arg) cases.push_back(Case{c.shapes, arg});
+  }
+  return cases;
+}
+
+Row collective_row(std::string name, std::function<fl::Tensor(const fl::Tensor&, int64_t)> call, int64_t variants) {
+  Row row;
+  row.name = name;
+  row.dtypes = kArith;
+  row.cases = collective_cases(variants);
+  row.make = random_inputs({Domain::normal});
+  row.run = [call](const Inputs& in, const Case& c, fl::DType) {
+    return as_participant_of(in[0], [&] { return call(in[0], c.arg); });
+  };
+  row.reference = [name](const std::vector<Host>& h, const Case&, fl::DType dt) -> std::optional<Expected> {
+    if (h[0].shape.rank() == 0 && name == "reduce_scatter") return std::nullopt;  // needs an axis 0
+    if (h[0].shape.rank() == 0 && name == "all_gather") return Expected{Host{h[0].values, fl::Shape{1}}, dt};
+    return Expected{h[0], dt};
+  };
+  return row;
+}
+
 
 std::vector<Row> build_table() {
   std::vector<Row> rows;
@@ -903,6 +958,24 @@ std::vector<Row> build_table() {
     };
     rows.push_back(std::move(row));
   }
+  rows.push_back(collective_row("all_reduce", [](const fl::Tensor& t, int64_t arg) {
+    return fl::all_reduce(t, kCollectiveReductions.at(static_cast<size_t>(arg)));
+  }, 4));
+  rows.back().errors = {
+      error<fl::DTypeError>("a b8 sum", [] { (void)fl::all_reduce(fl::zeros(fl::Shape{2}, fl::b8)); }, {"b8", "sum"}),
+  };
+  rows.push_back(collective_row("broadcast", [](const fl::Tensor& t, int64_t) { return fl::broadcast(t, 0); }, 1));
+  rows.back().errors = {
+      error<fl::InvalidArgument>("a root outside the participants", [] { (void)fl::broadcast(fl::zeros(fl::Shape{2}), 1); },
+                                 {"root 1", "[0, 1)"}),
+  };
+  rows.push_back(collective_row("all_gather", [](const fl::Tensor& t, int64_t) { return fl::all_gather(t); }, 1));
+  rows.push_back(collective_row("reduce_scatter", [](const fl::Tensor& t, int64_t arg) {
+    return fl::reduce_scatter(t, kCollectiveReductions.at(static_cast<size_t>(arg)));
+  }, 4));
+  rows.back().errors = {
+      error<fl::ShapeError>("a scalar", [] { (void)fl::reduce_scatter(fl::scalar(1.0f)); }, {"[]", "equal parts"}),
+  };
   return rows;
 }
 
@@ -934,6 +1007,7 @@ const std::map<std::string, std::string> kWithoutRow = {
     {"fused_elementwise", "inserted by the fusion pass, no public function (test_fusion checks it against the unfused ops)"},
     {"print", "writes to stderr and returns its input (test_trace)"},
     {"host_callback", "returns nothing; calls host code (test_trace)"},
+    {"barrier", "returns nothing and takes no tensor (test_collective_ops)"},
 };
 
 struct Outcome {

@@ -3,6 +3,7 @@
 
 #include "flowlet/autodiff.hpp"
 #include "flowlet/checkpoint.hpp"
+#include "flowlet/collective.hpp"
 #include "flowlet/core/device.hpp"
 #include "flowlet/core/dtype.hpp"
 #include "flowlet/core/error.hpp"

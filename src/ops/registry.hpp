@@ -22,4 +22,7 @@ void add_transfer_ops(std::vector<Op*>& ops);  // send, recv
 void add_fused_ops(std::vector<Op*>& ops);     // fused_elementwise
 void add_queue_ops(std::vector<Op*>& ops);     // queue_enqueue, queue_dequeue (src/queue/queue_ops.cpp)
 
+// all_reduce, broadcast, all_gather, reduce_scatter, barrier (src/collective/ops/collective_ops.cpp).
+void add_collective_ops(std::vector<Op*>& ops);
+
 }  // namespace flowlet::detail

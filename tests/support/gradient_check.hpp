@@ -301,6 +301,32 @@ inline std::map<std::string, Builder> build_cases() {
                      [](const Inputs& in) { return fl::softmax_cross_entropy(in[0], in[1]); }});
     return cases;
   };
+  // The collectives in a plain run span one participant (the world's): the SPMD loss is this
+  // process's loss, and each rule's collective of the gradient is the identity. Participants on
+  // several devices are checked by tests/test_collective_ops.cpp.
+  for (const char* name : {"all_reduce", "reduce_scatter"}) {
+    const bool scatter = std::string(name) == "reduce_scatter";
+    b[name] = [scatter] {
+      std::vector<GradCase> cases;
+      uint64_t seed = 700;
+      for (fl::ReduceOp op : {fl::ReduceOp::sum, fl::ReduceOp::mean, fl::ReduceOp::max, fl::ReduceOp::min}) {
+        cases.push_back(all_floating(std::string("[3, 2] ") + fl::to_string(op), {f64_input({3, 2}, ++seed)},
+                                     [op, scatter](const Inputs& in) {
+                                       return scatter ? fl::reduce_scatter(in[0], op) : fl::all_reduce(in[0], op);
+                                     }));
+      }
+      return cases;
+    };
+  }
+  b["broadcast"] = [] {
+    return std::vector<GradCase>{
+        all_floating("[4] from root 0", {f64_input({4}, 710)}, [](const Inputs& in) { return fl::broadcast(in[0], 0); })};
+  };
+  b["all_gather"] = [] {
+    return std::vector<GradCase>{
+        all_floating("[2, 3]", {f64_input({2, 3}, 711)}, [](const Inputs& in) { return fl::all_gather(in[0]); }),
+        all_floating("a scalar", {f64_input({}, 712)}, [](const Inputs& in) { return fl::all_gather(in[0]); })};
+  };
   return b;
 }
 
