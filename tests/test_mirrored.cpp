@@ -210,6 +210,14 @@ TEST_CASE("run() traces fn once per replica and signature, and reuses the traces
   const std::vector<fl::Tensor> out = dp.run(fn, fl::ones({4, 2}));
   CHECK(traced == 4);
   CHECK(test::values(out[1]) == std::vector<double>(4, 2.0));
+  // One lambda expression whose captured value changes: each value gets its own traces (never the
+  // first call's graph with the old value baked in).
+  for (int k = 1; k <= 3; ++k) {
+    auto scaled = [k](fl::Tensor x) { return x * static_cast<float>(k); };
+    const std::vector<fl::Tensor> scaled_out = dp.run(scaled, fl::ones({2, 1}));
+    CHECK(test::values(scaled_out[0]) == std::vector<double>{static_cast<double>(k)});
+    CHECK(test::values(scaled_out[1]) == std::vector<double>{static_cast<double>(k)});
+  }
 }
 
 TEST_CASE("20 SGD steps (momentum) on 2 and 4 replicas equal one device on the full batch; replicas stay identical") {

@@ -58,6 +58,7 @@ class MirroredCore {
   void connect();  // a new communicator and replica contexts
 
   bool broken_ = false;
+  bool warned_retracing_ = false;
   std::mutex variables_mutex_;
   std::vector<std::weak_ptr<VariableState>> variables_;
   friend class ::flowlet::MirroredStrategy;

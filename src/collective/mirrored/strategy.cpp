@@ -24,6 +24,8 @@ namespace {
 // Beyond this many functions (different types, or one lambda with changing captured values) the
 // least recently used one's traces are dropped.
 constexpr size_t kMaxFunctions = 16;
+// Warn (once) when this many traced functions share one callable type: its captured values change.
+constexpr long kRetraceWarningAfter = 4;
 
 Device default_replica_device() {
   if (device_count(DeviceKind::cuda) > 0) return Device(DeviceKind::cuda, local_process_index());
@@ -149,6 +151,15 @@ MirroredFunction& MirroredCore::function(const FunctionKey& key) {
       functions.splice(functions.begin(), functions, it);
       return functions.front();
     }
+  }
+  const auto same_type = std::count_if(functions.begin(), functions.end(),
+                                       [&](const MirroredFunction& f) { return *f.key.type == *key.type; });
+  if (same_type >= kRetraceWarningAfter && !warned_retracing_) {
+    warned_retracing_ = true;
+    fmt::print(stderr,
+               "flowlet warning: MirroredStrategy::run: a callable of type {} came with {} different captured values, "
+               "and each is traced anew; capture what changes between steps by reference\n",
+               key.type->name(), same_type + 1);
   }
   MirroredFunction created{key, {}};
   for (int l = 0; l < local_size(); ++l) {
