@@ -43,7 +43,7 @@ void prepare_call(CollectiveCall& call, int participants, int rank, Device expec
     throw DeviceError(fmt::format("{}: participant {} of {} runs on {}; got a tensor on {}", name, rank, describe,
                                   expected, call.input.device()));
   }
-  if (reduces(call.kind) && (static_cast<int>(call.op) < 0 || static_cast<int>(call.op) > 3)) {
+  if (reduces(call.kind) && static_cast<uint8_t>(call.op) > 3) {
     throw InvalidArgument(fmt::format("{}: unknown reduction {}", name, static_cast<int>(call.op)));
   }
   if (call.kind == CollectiveKind::broadcast && (call.root < 0 || call.root >= participants)) {

@@ -24,7 +24,7 @@ double resolve_timeout(double requested) {
 }
 
 LocalExchange::LocalExchange(std::vector<Device> devices, int first_rank, double timeout_seconds, std::string describe,
-                             Complete complete)
+                             Complete complete, Failed failed)
     : devices_(std::move(devices)),
       first_rank_(first_rank),
       timeout_seconds_(timeout_seconds),
@@ -32,6 +32,7 @@ LocalExchange::LocalExchange(std::vector<Device> devices, int first_rank, double
           std::chrono::duration<double>(timeout_seconds))),
       describe_(std::move(describe)),
       complete_(std::move(complete)),
+      failed_(std::move(failed)),
       next_call_(devices_.size(), 0) {}
 
 LocalExchange::~LocalExchange() {
@@ -54,6 +55,12 @@ LocalExchange::~LocalExchange() {
   }
 }
 
+void LocalExchange::set_identity(int first_rank, std::string describe) {
+  std::lock_guard lock(mutex_);
+  first_rank_ = first_rank;
+  describe_ = std::move(describe);
+}
+
 std::string LocalExchange::who(int local) const {
   return fmt::format("participant {} ({})", first_rank_ + local, devices_[static_cast<size_t>(local)].str());
 }
@@ -73,6 +80,9 @@ void LocalExchange::arrive(int local, CollectiveCall call, CollectiveDone done) 
   std::exception_ptr error;
   std::vector<Arrival> complete;
   uint64_t number = 0;
+  bool newly_failed = false;  // this arrival made the group fail: tell failed_
+  CallHeader failed_header;
+  bool failed_check = true;
   {
     std::unique_lock lock(mutex_);
     number = next_call_[static_cast<size_t>(local)]++;
@@ -86,6 +96,7 @@ void LocalExchange::arrive(int local, CollectiveCall call, CollectiveDone done) 
         group.arrived.assign(static_cast<size_t>(participants), false);
         group.first = local;
         group.header = header;
+        group.check_header = call.check_header;
         group.deadline = std::chrono::steady_clock::now() + timeout_;
       }
       group.arrived[static_cast<size_t>(local)] = true;
@@ -99,6 +110,9 @@ void LocalExchange::arrive(int local, CollectiveCall call, CollectiveDone done) 
           group.error = header_mismatch(group.header, who(group.first), header, who(local));
           if (group.error != nullptr) {
             error = group.error;
+            newly_failed = true;
+            failed_header = group.header;
+            failed_check = group.check_header;
             for (size_t i = 0; i < group.arrivals.size(); ++i) {
               if (group.arrived[i]) failed.push_back(std::move(group.arrivals[i].done));
             }
@@ -115,6 +129,7 @@ void LocalExchange::arrive(int local, CollectiveCall call, CollectiveDone done) 
     }
   }
   for (auto& d : failed) d(Tensor(), error);
+  if (newly_failed && failed_) failed_(number, failed_header, failed_check, error);
   if (!complete.empty()) complete_(number, complete);
 }
 
@@ -129,6 +144,9 @@ void LocalExchange::watch() {
     const auto now = std::chrono::steady_clock::now();
     std::vector<CollectiveDone> expired;
     std::exception_ptr error;
+    uint64_t expired_number = 0;
+    CallHeader expired_header;
+    bool expired_check = true;
     for (auto& [number, group] : groups_) {
       if (group.error != nullptr) continue;
       if (group.deadline > now) {
@@ -144,6 +162,9 @@ void LocalExchange::watch() {
                       collective_name(static_cast<CollectiveKind>(group.header.kind)), fmt::join(missing, ", "),
                       describe_, timeout_seconds_)));
       error = group.error;
+      expired_number = number;
+      expired_header = group.header;
+      expired_check = group.check_header;
       for (size_t i = 0; i < group.arrivals.size(); ++i) {
         if (group.arrived[i]) expired.push_back(std::move(group.arrivals[i].done));
       }
@@ -152,6 +173,7 @@ void LocalExchange::watch() {
     if (!expired.empty()) {
       lock.unlock();
       for (auto& d : expired) d(Tensor(), error);
+      if (failed_) failed_(expired_number, expired_header, expired_check, error);
       lock.lock();
       continue;
     }

@@ -30,16 +30,25 @@ class LocalExchange {
   // Called on the last arriving participant's thread with every participant's arrival, in local
   // order; must call every done exactly once (now or later).
   using Complete = std::function<void(uint64_t call_number, std::vector<Arrival>& arrivals)>;
+  // Called once for a group that failed here (its participants disagreed, or some did not arrive),
+  // after its arrived participants got `error`: a cross-process backend must still tell the other
+  // processes. `header` and `check_header` are the first participant's.
+  using Failed = std::function<void(uint64_t call_number, const CallHeader& header, bool check_header,
+                                    std::exception_ptr error)>;
 
   // `first_rank`: the communicator-wide index of local participant 0 (for messages); `describe`:
   // the communicator's description.
   LocalExchange(std::vector<Device> devices, int first_rank, double timeout_seconds, std::string describe,
-                Complete complete);
+                Complete complete, Failed failed = nullptr);
   ~LocalExchange();  // fails the groups still waiting with Cancelled and stops the watchdog
   LocalExchange(const LocalExchange&) = delete;
   LocalExchange& operator=(const LocalExchange&) = delete;
 
   void arrive(int local, CollectiveCall call, CollectiveDone done);
+
+  // For a communicator that learns its rank and description after constructing the exchange;
+  // before the first call.
+  void set_identity(int first_rank, std::string describe);
 
   // Groups that have some participants but not all (for a destructor that must know).
   bool has_waiting_groups();
@@ -52,6 +61,7 @@ class LocalExchange {
     int first = -1;                  // the first participant to arrive (headers are compared to it)
     CallHeader header;               // the first participant's header
     std::exception_ptr error;        // set once the group failed (mismatch, timeout)
+    bool check_header = true;        // the first participant's
     std::chrono::steady_clock::time_point deadline;
   };
 
@@ -60,11 +70,12 @@ class LocalExchange {
   void start_watchdog_locked();
 
   const std::vector<Device> devices_;
-  const int first_rank_;
+  int first_rank_;
   const double timeout_seconds_;
   const std::chrono::steady_clock::duration timeout_;
-  const std::string describe_;
+  std::string describe_;
   const Complete complete_;
+  const Failed failed_;
 
   std::mutex mutex_;
   std::condition_variable wake_;
