@@ -2,12 +2,12 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <optional>
 
 #include "collective/mirrored/batch_split.hpp"
 #include "collective/mirrored/mirrored_core.hpp"
 #include "collective/mirrored/replica_step.hpp"
 #include "core/check.hpp"
-#include "core/device_scope_state.hpp"
 #include "flowlet/collective.hpp"
 #include "flowlet/device_scope.hpp"
 #include "flowlet/eager_scope.hpp"
@@ -261,49 +261,44 @@ std::vector<std::vector<Tensor>> run_mirrored(MirroredCore& core, const Function
     const size_t local = static_cast<size_t>(l);
     const Device device = core.devices[local];
     const RowShare share = row_share(global_rows, replicas, core.communicator->rank_of(l));
-    std::vector<Tensor> slices;
-    slices.reserve(batches.size());
-    {
-      NoDeviceScope here;
+    // Without batches every replica weighs the same.
+    const ReplicaStep step{&core, batches.empty() ? 1 : share.rows, batches.empty() ? replicas : global_rows,
+                           core.options.bucket_bytes};
+    ReplicaScope replica(&core.contexts[local]);
+    ReplicaStepScope step_scope(&step);
+    std::optional<DeviceScope> on_device;
+    std::vector<ArgSignature> signature;
+    std::vector<Tensor> tensors;
+    TracedCore& traced_core = *function.replicas[local];
+    // Everything before the barrier is caught: a replica that throws here must still arrive there.
+    std::exception_ptr prepare_error;
+    try {
+      std::vector<Tensor> slices;
+      slices.reserve(batches.size());
       for (const Tensor& b : batches) {
         Tensor part = share.rows == b.shape()[0] ? b : slice(b, 0, share.start, share.rows);
         slices.push_back(part.device() == device ? part : part.to(device));
       }
-    }
-    ReplicaScope replica(&core.contexts[local]);
-    DeviceScope on_device(device);
-    // Without batches every replica weighs the same.
-    const ReplicaStep step{&core, batches.empty() ? 1 : share.rows, batches.empty() ? replicas : global_rows,
-                           core.options.bucket_bytes};
-    ReplicaStepScope step_scope(&step);
-
-    std::vector<ArgSignature> signature;
-    std::vector<Tensor> tensors;
-    for (const Tensor& s : slices) describe_argument(s, signature, tensors);
-    // The share is baked into the trace (the gradient weight rows / B): a new share is a new trace.
-    ArgSignature share_entry;
-    share_entry.value = fmt::format("replica rows {} of {}", step.rows, step.global_rows);
-    signature.push_back(std::move(share_entry));
-    describe_device_scope(signature);
-
-    TracedCore& traced_core = *function.replicas[local];
-    std::exception_ptr trace_error;
-    {
+      on_device.emplace(device);
+      for (const Tensor& s : slices) describe_argument(s, signature, tensors);
+      // The share is baked into the trace (the gradient weight rows / B): a new share is a new trace.
+      ArgSignature share_entry;
+      share_entry.value = fmt::format("replica rows {} of {}", step.rows, step.global_rows);
+      signature.push_back(std::move(share_entry));
+      describe_device_scope(signature);
       std::lock_guard trace_lock(core.trace_mutex);
-      try {
-        (void)traced_graph(traced_core, signature, tensors, body);
-      } catch (...) {
-        trace_error = std::current_exception();
-      }
+      (void)traced_graph(traced_core, signature, tensors, body);
+    } catch (...) {
+      prepare_error = std::current_exception();
     }
     {
       std::unique_lock lock(barrier_mutex);
-      if (trace_error) trace_failed = true;
+      if (prepare_error) trace_failed = true;
       if (++traced == local_size) barrier.notify_all();
       // Each replica reaches this point by itself (tracing waits for no peer).
       barrier.wait(lock, [&] { return traced == local_size; });
     }
-    if (trace_error) std::rethrow_exception(trace_error);
+    if (prepare_error) std::rethrow_exception(prepare_error);
     if (trace_failed) return;  // another replica's trace failed: it reports the error
     outputs[local] = call_traced(traced_core, signature, tensors, body);
   };
