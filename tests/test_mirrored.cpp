@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <optional>
+#include <tuple>
 #include <cstring>
 #include <string>
 
@@ -483,4 +485,41 @@ TEST_CASE("a replica that fails while running: run() rethrows its error, never h
   (void)make_step(reference, reference_sgd)(x, y);
   CHECK(test::check_values(test::values(model.parameters()[0].value()),
                            test::values(reference.parameters()[0].value()), test::Tolerance{2e-5, 2e-5}));
+}
+
+TEST_CASE("f32 and f64 variables in one model: a bucket per dtype, training equals one device") {
+  ensure_devices();
+  auto train = [](fl::MirroredStrategy* dp, int steps) {
+    std::optional<fl::MirroredStrategy::Scope> scope;
+    if (dp != nullptr) scope.emplace(dp->scope());
+    fl::Variable w32(fl::randn({4, 2}, 1) * 0.5f, "w32");
+    fl::Variable w64(fl::randn({4, 2}, 2, fl::f64) * 0.5, "w64");
+    scope.reset();
+    fl::optim::Adam adam(0.05);
+    auto step = [&](fl::Tensor x) {
+      fl::GradientTape tape;
+      fl::Tensor loss32 = fl::mean(fl::square(fl::tanh(fl::matmul(x, w32.value())) - 0.25f));
+      fl::Tensor loss64 = fl::mean(fl::square(fl::matmul(fl::cast(x, fl::f64), w64.value()) - 1.0));
+      fl::Tensor loss = loss64 + fl::cast(loss32, fl::f64);
+      adam.apply(tape.gradient(loss, {w32, w64}), {w32, w64});
+      return std::make_tuple(loss32, loss64);
+    };
+    for (int k = 0; k < steps; ++k) {
+      const fl::Tensor x = fl::randn({10, 4}, 40 + static_cast<uint64_t>(k));
+      if (dp == nullptr) {
+        (void)fl::trace(step)(x);
+      } else {
+        const std::vector<std::tuple<fl::Tensor, fl::Tensor>> losses = dp->run(step, x);
+        CHECK(std::get<1>(losses[1]).dtype() == fl::f64);
+      }
+    }
+    return std::make_pair(test::values(w32.value()), test::values(w64.value()));
+  };
+  fl::MirroredOptions options = quick_options();
+  options.check_replicas_equal = true;
+  fl::MirroredStrategy dp(first_devices(4), options);
+  const auto [want32, want64] = train(nullptr, 8);
+  const auto [got32, got64] = train(&dp, 8);
+  CHECK(test::check_values(got32, want32, test::Tolerance{2e-5, 2e-5}));
+  CHECK(test::check_values(got64, want64, test::Tolerance{1e-10, 1e-10}));
 }
