@@ -301,6 +301,40 @@ TEST_CASE("one all_reduce per bucket in each replica's trace, and the timeline s
   // bias} (32: the bucket is full), {hidden weight} (6 * 8 * 4 = 192 bytes, alone).
   CHECK(all_reduce_nodes(dp.timeline_json(1)) == 3);
   CHECK(all_reduce_nodes(dp.timeline_json(0)) == 3);
+
+  // Overlap, structurally: the first bucket's all_reduce does not wait for the hidden layer's weight
+  // gradient (a [6, 8] matmul, the last gradient backward computes), so it can run while that does.
+  const fl::Graph& graph = dp.graph(1);
+  auto ancestors = [&](int32_t id) {
+    std::vector<bool> seen(graph.nodes().size(), false);
+    std::vector<int32_t> stack{id};
+    while (!stack.empty()) {
+      const fl::Node& n = graph.node(stack.back());
+      stack.pop_back();
+      for (const fl::ValueRef& input : n.inputs) {
+        if (!seen[static_cast<size_t>(input.node)]) seen[static_cast<size_t>(input.node)] = true, stack.push_back(input.node);
+      }
+      for (int32_t control : n.control_inputs) {
+        if (!seen[static_cast<size_t>(control)]) seen[static_cast<size_t>(control)] = true, stack.push_back(control);
+      }
+    }
+    return seen;
+  };
+  std::vector<int32_t> reduces;
+  int32_t hidden_weight_gradient = -1;
+  for (size_t i = 0; i < graph.nodes().size(); ++i) {
+    const fl::Node& n = graph.nodes()[i];
+    if (n.removed || n.kind != fl::NodeKind::op) continue;
+    if (n.op->name == "all_reduce") reduces.push_back(static_cast<int32_t>(i));
+    if (n.op->name == "matmul" && n.outputs[0].shape == fl::Shape{6, 8}) hidden_weight_gradient = static_cast<int32_t>(i);
+  }
+  REQUIRE(reduces.size() == 3);
+  REQUIRE(hidden_weight_gradient >= 0);
+  CHECK(graph.node(reduces[0]).outputs[0].shape == fl::Shape{27});  // logits bias and weight: 3 + 24
+  CHECK(graph.node(reduces[2]).outputs[0].shape == fl::Shape{48});  // hidden weight: 6 * 8
+  CHECK_FALSE(ancestors(reduces[0])[static_cast<size_t>(hidden_weight_gradient)]);
+  CHECK_FALSE(ancestors(reduces[1])[static_cast<size_t>(hidden_weight_gradient)]);
+  CHECK(ancestors(reduces[2])[static_cast<size_t>(hidden_weight_gradient)]);
   test::check_throws<fl::InvalidArgument>([&] { (void)dp.timeline_json(2); }, {"timeline_json", "got 2"});
 }
 
@@ -362,6 +396,9 @@ TEST_CASE("MirroredStrategy errors: devices, options, batches, plain variables, 
   test::check_throws<fl::InvalidArgument>([&] { fl::MirroredStrategy dp({}, bad); }, {"bucket_bytes", "got 0"});
 
   fl::MirroredStrategy dp(first_devices(2), quick_options());
+  test::check_throws<fl::InvalidArgument>([&] { (void)dp.graph(0); }, {"MirroredStrategy::graph", "has not run"});
+  test::check_throws<fl::InvalidArgument>([&] { (void)dp.graph(-1); }, {"MirroredStrategy::graph", "got -1"});
+  CHECK(dp.timeline_json(0).empty());
   auto identity = [](fl::Tensor x) { return x; };
   test::check_throws<fl::ShapeError>([&] { (void)dp.run(identity, fl::scalar(1.0f)); },
                                      {"MirroredStrategy::run", "scalar"});

@@ -188,6 +188,10 @@ class MirroredStrategy {
   // (collective over processes); InvalidArgument naming the first that differs and the replicas.
   void check_replicas_equal() const;
 
+  // The optimized graph local replica `local` ran in the last run() (valid until the next run());
+  // InvalidArgument before the first run.
+  const Graph& graph(int local = 0) const;
+
   // The last run()'s step statistics of local replica `local` as Chrome/Perfetto JSON (needs
   // options().trace_options.collect_step_stats); empty before the first run.
   std::string timeline_json(int local = 0) const;

@@ -52,6 +52,7 @@ class MirroredCore {
   std::mutex trace_mutex;  // replicas trace one after another (fn's C++ code need not be thread-safe)
   std::list<MirroredFunction> functions;
   MirroredFunction* last_function = nullptr;
+  std::vector<const Graph*> last_graphs;  // per local replica: the graph its last run() ran
   std::unique_ptr<ReplicaThreads> threads;
 
  private:

@@ -141,6 +141,7 @@ void MirroredCore::recover_from_failed_step() {
   // peers made): a new communicator starts them all from call 0, and the traces, which name the old
   // one in their collective nodes, are made again on the next run().
   last_function = nullptr;
+  last_graphs.assign(last_graphs.size(), nullptr);
   functions.clear();
   connect();
 }
@@ -245,6 +246,7 @@ std::vector<std::vector<Tensor>> run_mirrored(MirroredCore& core, const Function
   }
   MirroredFunction& function = core.function(key);
   core.last_function = &function;
+  core.last_graphs.assign(static_cast<size_t>(core.local_size()), nullptr);
   const int local_size = core.local_size();
   const int replicas = core.size();
   const int64_t global_rows = batches.empty() ? 0 : batches[0].shape()[0];
@@ -287,7 +289,7 @@ std::vector<std::vector<Tensor>> run_mirrored(MirroredCore& core, const Function
       signature.push_back(std::move(share_entry));
       describe_device_scope(signature);
       std::lock_guard trace_lock(core.trace_mutex);
-      (void)traced_graph(traced_core, signature, tensors, body);
+      core.last_graphs[local] = &traced_graph(traced_core, signature, tensors, body);
     } catch (...) {
       prepare_error = std::current_exception();
     }
@@ -356,6 +358,22 @@ MirroredStrategy::Scope::~Scope() {
 void MirroredStrategy::check_replicas_equal() const {
   std::lock_guard run_lock(core_->run_mutex);
   core_->check_replicas_equal();
+}
+
+const Graph& MirroredStrategy::graph(int local) const {
+  if (local < 0 || local >= core_->local_size()) {
+    detail::fail<InvalidArgument>("MirroredStrategy::graph: local replica must be in [0, {}); got {}",
+                                  core_->local_size(), local);
+  }
+  std::lock_guard run_lock(core_->run_mutex);
+  const Graph* graph =
+      static_cast<size_t>(local) < core_->last_graphs.size() ? core_->last_graphs[static_cast<size_t>(local)] : nullptr;
+  if (graph == nullptr) {
+    detail::fail<InvalidArgument>("MirroredStrategy::graph: no graph for local replica {}: run() has not run (or "
+                                  "its last call failed)",
+                                  local);
+  }
+  return *graph;
 }
 
 std::string MirroredStrategy::timeline_json(int local) const {
