@@ -55,7 +55,10 @@ void MirroredCore::check_replicas_equal() {
   if (communicator->processes() == 1) return;
   // Across processes: every process's replica-0 checksums, process-major.
   const auto count = static_cast<int64_t>(replica0.size());
-  const Tensor gathered = all_gather(tensor(replica0, Shape{count}));
+  // all_gather outside run() spans the processes on the world communicator's device (a GPU's
+  // NCCL communicator takes no host tensor).
+  const Device world_device = world_communicator()->device(0);
+  const Tensor gathered = all_gather(tensor(replica0, Shape{count}).to(world_device));
   const std::vector<int64_t> all = gathered.to_vector<int64_t>();
   const int processes = communicator->processes();
   if (static_cast<int64_t>(all.size()) != count * processes) {
