@@ -3,13 +3,13 @@
 #include <cmath>
 #include <mutex>
 
+#include "collective/mirrored/gradient_averaging.hpp"
+#include "collective/replica_context.hpp"
 #include "core/check.hpp"
 #include "flowlet/eager_scope.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/optim.hpp"
-#include "collective/mirrored/gradient_averaging.hpp"
-#include "collective/replica_context.hpp"
 #include "state/mirrored_variable.hpp"
 #include "state/variable_state.hpp"
 

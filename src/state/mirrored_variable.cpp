@@ -27,14 +27,10 @@ const MirrorPolicy* exchange_mirrored_creation(const MirrorPolicy* policy) {
   return previous;
 }
 
-MirroredCreationScope::MirroredCreationScope(const MirrorPolicy* policy) : previous_(creation_policy) {
-  creation_policy = policy;
-}
-
-MirroredCreationScope::~MirroredCreationScope() { creation_policy = previous_; }
-
 void make_mirrored(const std::shared_ptr<VariableState>& primary, const MirrorPolicy& policy) {
-  if (policy.devices.empty()) fail<InvalidArgument>("Variable: mirrored variable '{}' has no replica devices", primary->name);
+  if (policy.devices.empty()) {
+    fail<InvalidArgument>("Variable: mirrored variable '{}' has no replica devices", primary->name);
+  }
   EagerScope eager;
   Tensor initial;
   {
@@ -44,7 +40,7 @@ void make_mirrored(const std::shared_ptr<VariableState>& primary, const MirrorPo
   std::vector<Tensor> values = policy.initial_copies(initial, primary->name);
   if (values.size() != policy.devices.size()) {
     fail<InvalidArgument>("Variable: mirrored variable '{}' got {} initial copies for {} replicas", primary->name,
-                        values.size(), policy.devices.size());
+                          values.size(), policy.devices.size());
   }
   auto mirrors = std::make_shared<MirrorSet>();
   mirrors->strategy = policy.strategy;

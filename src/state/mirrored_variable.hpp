@@ -46,20 +46,10 @@ struct MirrorSet {
 
 // The policy of this thread's innermost MirroredStrategy::scope(), or null.
 const MirrorPolicy* mirrored_creation();
-// Makes `policy` the thread's creation policy and returns the previous one (scopes restore it).
+// Makes `policy` the thread's creation policy and returns the previous one, which
+// MirroredStrategy::Scope restores when it ends.
 const MirrorPolicy* exchange_mirrored_creation(const MirrorPolicy* policy);
 
-// Makes `policy` the thread's creation policy until destroyed (nests; restores the previous one).
-class MirroredCreationScope {
- public:
-  explicit MirroredCreationScope(const MirrorPolicy* policy);
-  ~MirroredCreationScope();
-  MirroredCreationScope(const MirroredCreationScope&) = delete;
-  MirroredCreationScope& operator=(const MirroredCreationScope&) = delete;
-
- private:
-  const MirrorPolicy* previous_;
-};
 
 // Turns a freshly made variable into a mirrored one under `policy` (its value becomes replica 0's
 // initial value on devices[0]; the other copies are made on their devices).
