@@ -190,10 +190,19 @@ std::vector<Tensor> MirroredCore::initial_copies(const Tensor& initial, const st
     call.kind = CollectiveKind::broadcast;
     call.root = 0;
     call.input = copies[l].contiguous();
-    communicator->start(static_cast<int>(l), std::move(call), pending.done(l));
+    try {
+      communicator->start(static_cast<int>(l), std::move(call), pending.done(l));
+    } catch (...) {
+      // The calls not started complete with this error, so that the wait below ends (the started
+      // ones end by themselves, at the latest by the timeout).
+      for (size_t rest = l; rest < copies.size(); ++rest) pending.done(rest)(Tensor(), std::current_exception());
+      break;
+    }
   }
   try {
     return pending.wait();
+  } catch (const DeadlineExceeded&) {
+    throw;  // names the collective and the ranks that did not come
   } catch (const Error& e) {
     fail<InvalidArgument>("MirroredStrategy: creating mirrored variable '{}' broadcasts its initial value from "
                           "replica 0, which failed (every process must create its mirrored variables in the same "
