@@ -173,3 +173,24 @@ TEST_CASE("a diverged replica in another process is named by the equality check 
     CHECK(threw);
   }
 }
+
+TEST_CASE("processes that create a mirrored variable with different shapes all fail, naming it; the next works") {
+  ensure_devices();
+  if (fl::process_count() < 2) return;
+  fl::MirroredOptions options = checked_options();
+  options.collective_timeout_seconds = 10;
+  fl::MirroredStrategy dp(local_devices(2), options);
+  auto scope = dp.scope();
+  bool threw = false;
+  try {
+    fl::Variable mismatch(fl::zeros({2 + fl::process_index()}), "mismatch");
+  } catch (const fl::Error& e) {
+    threw = true;
+    const std::string what = e.what();
+    CHECK(what.find("'mismatch'") != std::string::npos);
+  }
+  CHECK(threw);
+  // Every process failed the same call, so the next creation is in step.
+  fl::Variable next(fl::full({2}, 3.0 + fl::process_index(), fl::f32), "next");
+  CHECK(next.value().to_vector<float>() == std::vector<float>{3, 3});
+}
