@@ -17,6 +17,7 @@
 #include "flowlet/dispatch.hpp"
 #include "flowlet/graph.hpp"
 #include "flowlet/layers.hpp"
+#include "flowlet/mirrored.hpp"
 #include "flowlet/op.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "flowlet/ops/elementwise.hpp"

@@ -32,6 +32,11 @@ class Optimizer {
 
   // Updates vars[i] from grads[i]. An empty gradient leaves its variable alone. Checks first
   // (counts, shapes, dtypes), so a bad call changes nothing. Then increments iterations().
+  //
+  // Inside MirroredStrategy::run (flowlet/mirrored.hpp) the gradients are first averaged over all
+  // replicas (bucketed all-reduces, weighted by each replica's rows of the batch), so every replica
+  // applies the same update to its own copies; the variables must be mirrored by that strategy
+  // (InvalidArgument otherwise), and their slots and the step counter are mirrored with them.
   void apply(const std::vector<Tensor>& grads, const std::vector<Variable>& vars);
 
   // Creates the slots of `vars` now (apply does it on first use): call it before restoring a

@@ -10,6 +10,7 @@ namespace flowlet {
 
 namespace detail {
 struct VariableState;
+struct VariableAccess;  // state/mirrored_variable.hpp
 }
 
 // Example:
@@ -19,6 +20,10 @@ struct VariableState;
 //
 // Copies of a Variable are handles to the same state. An update installs a new value, so a tensor
 // read before it keeps the old values. Reads and updates may come from several threads.
+//
+// A Variable made inside a MirroredStrategy::scope() is mirrored (flowlet/mirrored.hpp): one copy
+// per replica. Inside the strategy's run() its reads, updates, device() and identity() mean the
+// running replica's copy; elsewhere reads mean replica 0's copy and updates apply to every copy.
 class Variable {
  public:
   Variable() = default;  // an empty handle
@@ -42,12 +47,14 @@ class Variable {
   DType dtype() const;
   Device device() const;
   bool defined() const { return static_cast<bool>(state_); }
-  // The variable's identity (shared by every handle to it), for tapes and checkpoints.
-  const void* identity() const { return state_.get(); }
+  // The variable's identity (shared by every handle to it), for tapes and checkpoints. For a
+  // mirrored variable (MirroredStrategy) inside the strategy's run(): the running replica's copy.
+  const void* identity() const;
   // Identity: two handles to one variable compare equal.
   friend bool same_variable(const Variable& a, const Variable& b) { return a.state_ == b.state_; }
 
  private:
+  friend struct detail::VariableAccess;
   detail::VariableState& state() const;
   std::shared_ptr<detail::VariableState> state_;
 };

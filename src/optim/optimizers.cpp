@@ -3,11 +3,14 @@
 #include <cmath>
 #include <mutex>
 
+#include "collective/mirrored/gradient_averaging.hpp"
+#include "collective/replica_context.hpp"
 #include "core/check.hpp"
 #include "flowlet/eager_scope.hpp"
 #include "flowlet/ops/creation.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/optim.hpp"
+#include "state/mirrored_variable.hpp"
 #include "state/variable_state.hpp"
 
 namespace flowlet::optim {
@@ -26,14 +29,22 @@ Optimizer::Optimizer(std::string name)
     : name_(std::move(name)), iterations_(scalar(int64_t{0}), name_ + "/iterations") {}
 
 Variable& Optimizer::slot(const Variable& var, const std::string& slot_name) {
-  auto& per_variable = slots_[var.identity()];
+  // Keyed by the variable, not by one replica's copy of a mirrored one (identity() inside run()).
+  const std::shared_ptr<detail::VariableState>& var_state = detail::VariableAccess::state(var);
+  auto& per_variable = slots_[var_state.get()];
   auto found = per_variable.find(slot_name);
   if (found == per_variable.end()) {
     // Slots are created eagerly even when the first apply() is being traced: they are state that
     // outlives the trace, and the traced graph reads and updates them like any variable.
     EagerScope eager;
-    Variable created(zeros(var.shape(), state_dtype(var.dtype()), var.device()),
-                     name_ + "/" + var.name() + "/" + slot_name);
+    Device home;
+    {
+      std::lock_guard lock(var_state->mutex);
+      home = var_state->value.device();  // replica 0's copy's device for a mirrored variable
+    }
+    Variable created(zeros(var.shape(), state_dtype(var.dtype()), home), name_ + "/" + var.name() + "/" + slot_name);
+    // A mirrored variable's slots are mirrored like it: each replica updates its own copy.
+    if (var_state->mirrors) detail::mirror_like(detail::VariableAccess::state(created), *var_state);
     found = per_variable.emplace(slot_name, created).first;
     slot_order_.push_back(created);
   }
@@ -45,6 +56,12 @@ void Optimizer::place_counter(const std::vector<Variable>& vars) {
   for (const Variable& var : vars) {
     if (!var.defined()) continue;
     counter_placed_ = true;
+    const std::shared_ptr<detail::VariableState>& var_state = detail::VariableAccess::state(var);
+    if (var_state->mirrors) {
+      // Mirrored: a counter per replica (on replica 0's device and the others'), updated by each.
+      detail::mirror_like(detail::VariableAccess::state(iterations_), *var_state);
+      return;
+    }
     if (var.device() == iterations_.device()) return;
     // Before the first apply nothing has read the counter on its old device: it moves with its
     // value (a restored count included).
@@ -99,13 +116,32 @@ void Optimizer::apply(const std::vector<Tensor>& grads, const std::vector<Variab
                                vars[i].name(), grads[i].shape(), vars[i].shape());
     }
   }
-  build(vars);
-  for (size_t i = 0; i < vars.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    Variable var = vars[i];
-    update(var, grads[i]);
+  const detail::ReplicaContext* replica = detail::current_replica();
+  if (replica != nullptr) [[unlikely]] {
+    // Inside MirroredStrategy::run every replica applies the same averaged update to its own copy,
+    // which needs a copy per replica: a plain variable would take every replica's update.
+    for (const Variable& var : vars) {
+      const auto& state = detail::VariableAccess::state(var);
+      if (!state->mirrors || state->mirrors->strategy != replica->strategy) {
+        detail::fail<InvalidArgument>(
+            "{}.apply: variable '{}' is not mirrored by the running MirroredStrategy, so every replica would update "
+            "the same variable; create it inside the strategy's scope()",
+            name_, var.name());
+      }
+    }
   }
-  iterations_.assign_add(ones({}, i64, iterations_.device()));
+  build(vars);
+  // Inside MirroredStrategy::run: the gradients averaged over every replica (bucketed all-reduces).
+  const detail::AveragedGradients averaged =
+      replica != nullptr ? detail::average_gradients_with_completion(grads) : detail::AveragedGradients{};
+  const std::vector<Tensor>& use = replica != nullptr ? averaged.grads : grads;
+  for (size_t i = 0; i < vars.size(); ++i) {
+    if (!use[i].defined()) continue;
+    Variable var = vars[i];
+    update(var, use[i]);
+  }
+  // A replica's counter counts only steps whose all-reduces succeeded on every replica.
+  iterations_.assign_add(averaged.completed.defined() ? averaged.completed : ones({}, i64, iterations_.device()));
 }
 
 SGD::SGD(double lr, double momentum, bool nesterov, double weight_decay)

@@ -14,6 +14,7 @@
 #include "flowlet/eager_scope.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "runtime/thread_pool.hpp"
+#include "state/mirrored_variable.hpp"
 #include "state/variable_ops.hpp"
 #include "state/variable_state.hpp"
 #include "trace/tracer.hpp"
@@ -36,6 +37,10 @@ Variable::Variable(Tensor initial, std::string name) {
   EagerScope eager;  // the private copy below is made now, even inside a trace
   detail::NoDeviceScope here;  // a variable lives where its initial value is
   state_->value = cast(initial, initial.dtype());  // a private contiguous copy of the caller's tensor
+  // Inside a MirroredStrategy::scope(): one copy per replica, all equal to global replica 0's value.
+  if (const detail::MirrorPolicy* policy = detail::mirrored_creation()) [[unlikely]] {
+    detail::make_mirrored(state_, *policy);
+  }
 }
 
 detail::VariableState& Variable::state() const {
@@ -44,16 +49,22 @@ detail::VariableState& Variable::state() const {
 }
 
 Tensor Variable::value() const {
-  const auto& s = state();
+  // A mirrored variable reads the copy the thread means (state/mirrored_variable.hpp).
+  const std::shared_ptr<detail::VariableState>& copy = state().mirrors ? detail::resolve_copy(state_) : state_;
   Tensor current;
   if (detail::active_trace()) {
-    current = detail::record_variable_read(state_);
+    current = detail::record_variable_read(copy);
   } else {
-    std::lock_guard lock(s.mutex);
-    current = s.value;
+    std::lock_guard lock(copy->mutex);
+    current = copy->value;
   }
-  if (detail::any_tape_active()) detail::note_variable_read(state_.get(), current);  // auto-watch
+  if (detail::any_tape_active()) detail::note_variable_read(copy.get(), current);  // auto-watch
   return current;
+}
+
+const void* Variable::identity() const {
+  if (state_ && state_->mirrors) [[unlikely]] return detail::resolve_copy(state_).get();
+  return state_.get();
 }
 
 const std::string& Variable::name() const { return state().name; }
@@ -72,9 +83,12 @@ ColocateWith::ColocateWith(const Variable& variable) {
   detail::push_scope(frame_);
 }
 
-Shape Variable::shape() const { return peek(state()).shape(); }
+Shape Variable::shape() const { return peek(state()).shape(); }  // equal on every copy
 DType Variable::dtype() const { return peek(state()).dtype(); }
-Device Variable::device() const { return peek(state()).device(); }
+Device Variable::device() const {
+  const detail::VariableState& s = state();
+  return s.mirrors ? peek(*detail::resolve_copy(state_)).device() : peek(s).device();
+}
 
 namespace detail {
 
@@ -173,6 +187,24 @@ void apply_variable_update(VariableState& s, AssignMode mode, const Tensor& t, b
 }  // namespace detail
 
 namespace {
+void update_copy(const std::shared_ptr<detail::VariableState>& state, detail::AssignMode mode, const Tensor& t,
+                 double scale);
+
+// A mirrored variable outside its strategy's run() updates every local copy: each gets `t`
+// (checked against the first copy before anything changes, so a bad update changes none).
+void update_every_copy(const std::shared_ptr<detail::VariableState>& primary, detail::AssignMode mode, const Tensor& t,
+                       double scale) {
+  {
+    std::lock_guard lock(primary->mutex);
+    detail::check_variable_update(detail::assign_mode_name(mode), *primary, t, /*check_device=*/false);
+  }
+  for (const auto& copy : detail::all_copies(primary)) {
+    const Device device = peek(*copy).device();
+    const bool move = !detail::active_trace() && !t.is_symbolic() && t.device() != device;
+    update_copy(copy, mode, move ? t.to(device) : t, scale);
+  }
+}
+
 void update(const std::shared_ptr<detail::VariableState>& state, detail::AssignMode mode, const Tensor& t,
             double scale = 1.0) {
   if (!state) throw InvalidArgument("Variable: this is an empty Variable handle (default-constructed)");
@@ -180,6 +212,15 @@ void update(const std::shared_ptr<detail::VariableState>& state, detail::AssignM
     detail::fail<InvalidArgument>("{}: scale must be finite; got {} for '{}'",
                                   detail::assign_mode_name(mode), scale, state->name);
   }
+  if (state->mirrors) [[unlikely]] {
+    if (detail::in_own_replica(*state)) return update_copy(detail::resolve_copy(state), mode, t, scale);
+    return update_every_copy(state, mode, t, scale);
+  }
+  update_copy(state, mode, t, scale);
+}
+
+void update_copy(const std::shared_ptr<detail::VariableState>& state, detail::AssignMode mode, const Tensor& t,
+                 double scale) {
   if (detail::active_trace()) {
     detail::record_variable_update(state, mode, t, scale);
   } else if (detail::innermost_scope && t.defined() && !t.is_symbolic() && t.device() != peek(*state).device()) {

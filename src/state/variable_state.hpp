@@ -1,6 +1,7 @@
 // The state behind every handle to one Variable, shared with the graph ops that read and update it.
 #pragma once
 
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -8,10 +9,16 @@
 
 namespace flowlet::detail {
 
+struct MirrorSet;  // state/mirrored_variable.hpp
+
 struct VariableState {
   std::string name;
   mutable std::mutex mutex;  // guards `value` between threads that share the variable
   Tensor value;
+  // Set on a mirrored variable's primary state (replica 0's copy) when it is made, before any
+  // other thread sees it (or, for an optimizer's step counter, before its first traced step):
+  // the other replicas' copies. Null for every other variable, which is the fast path.
+  std::shared_ptr<MirrorSet> mirrors;
 };
 
 // assign: value = t; add: value += scale * t; sub: value -= scale * t.
