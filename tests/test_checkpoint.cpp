@@ -532,12 +532,12 @@ std::string many_entries_file(int count, bool duplicate_last) {
   return make_file(entries, std::string(8, '\0'));
 }
 
-// Seconds restore_checkpoint takes for a header of `count` keys (the fastest of two tries, so a
+// Seconds restore_checkpoint takes for a header of `count` keys (the fastest of three tries, so a
 // moment of load on the machine does not count).
 double restore_seconds(const std::string& path, int count) {
   write_file(path, many_entries_file(count, false));
   double best = 1e9;
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
     fl::Variable w(fl::ones({2}), "w");
     const auto start = std::chrono::steady_clock::now();
     CHECK(fl::restore_checkpoint(path, {w}) == 7);
@@ -568,8 +568,10 @@ TEST_CASE("a header with 40,000 keys restores in time linear in its keys, and a 
   // key is checked against all before it (a scan per key took 21 s here for 40,000; linear parsing
   // takes about 0.2 s in a release build and about 1 s under ThreadSanitizer). The ratio does not
   // depend on the build or the machine's speed; the millisecond added to the small case keeps a
-  // very fast one from making it noise.
-  CHECK(restore_s < 30 * (small_s + 0.001));
+  // very fast one from making it noise. The bound is 60, not 30: the small header stays in cache
+  // and the large one does not, which made linear parsing measure 41x under load (CI's 2 cores
+  // running the MPI tests beside it).
+  CHECK(restore_s < 60 * (small_s + 0.001));
   CHECK(restore_s < 10.0);
   CHECK(reject_s < 10.0);
 }
