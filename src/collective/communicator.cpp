@@ -51,6 +51,12 @@ const char* collective_name(CollectiveKind kind) {
   return "unknown collective";
 }
 
+namespace {
+thread_local bool waiting_caller = false;
+}  // namespace
+
+bool caller_waits() { return waiting_caller; }
+
 Tensor Communicator::run(int local, CollectiveCall call) {
   // The communicator's watchdog bounds the wait: every call ends, with a result or an error. The
   // caller spins briefly before sleeping, as small collectives complete within microseconds and a
@@ -64,15 +70,23 @@ Tensor Communicator::run(int local, CollectiveCall call) {
     std::exception_ptr error;
   };
   auto waiting = std::make_shared<Waiting>();
-  start(local, std::move(call), [waiting](Tensor value, std::exception_ptr error) {
-    waiting->result = std::move(value);
-    waiting->error = error;
-    {
-      std::lock_guard lock(waiting->mutex);
-      waiting->ready.store(true, std::memory_order_release);
-    }
-    waiting->wake.notify_one();
-  });
+  struct CallerWaits {  // restores the flag however start() ends
+    bool previous = waiting_caller;
+    CallerWaits() { waiting_caller = true; }
+    ~CallerWaits() { waiting_caller = previous; }
+  };
+  {
+    CallerWaits scope;
+    start(local, std::move(call), [waiting](Tensor value, std::exception_ptr error) {
+      waiting->result = std::move(value);
+      waiting->error = error;
+      {
+        std::lock_guard lock(waiting->mutex);
+        waiting->ready.store(true, std::memory_order_release);
+      }
+      waiting->wake.notify_one();
+    });
+  }
   const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
   while (!waiting->ready.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spin_until) {
     std::this_thread::yield();

@@ -1,7 +1,8 @@
 // The MPI backend: CPU participants in several processes. Each communicator owns a duplicate of
 // MPI_COMM_WORLD (made collectively, in make_communicator call order) and one progress thread that
 // issues the nonblocking MPI calls in call order and polls them against the deadline, so no
-// executor thread ever waits inside MPI.
+// executor thread ever waits inside MPI. (A thread inside Communicator::run, which waits anyway,
+// makes the calls itself when nothing is queued ahead of its call.)
 //
 // A call is hierarchical: the process's participants meet in a LocalExchange (which compares their
 // headers on every call) and the last to arrive combines their inputs into one wire buffer
@@ -71,6 +72,7 @@ class MpiCommunicator final : public Communicator {
     bool check_header = true;
     bool failed_here = false;
     Tensor wire;                     // this process's combined input
+    bool wire_is_input = false;      // `wire` is the one participant's input: read it, never write it
   };
   enum class Wait { done, timed_out, peer_left };
   // What the header exchange sends: the header, stamped with the communicator and the call.
@@ -105,7 +107,7 @@ class MpiCommunicator final : public Communicator {
   std::condition_variable wake_;
   std::map<uint64_t, Job> jobs_;  // complete local stages waiting for the progress thread
   uint64_t next_job_ = 0;
-  bool busy_ = false;
+  bool busy_ = false;  // a thread (the progress thread, or a caller of run()) is making this communicator's MPI calls
   bool progress_sleeping_ = false;  // waiting on wake_: enqueue() must notify
   std::atomic<int> in_flight_{0};  // calls enqueued whose participants have not all been answered
   bool stopping_ = false;
