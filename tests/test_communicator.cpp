@@ -137,6 +137,60 @@ TEST_CASE("processes: a plain run is process 0 of 1") {
   CHECK(fl::detail::process_placement().source == "none");
 }
 
+TEST_CASE("processes: the placement is read from Open MPI's, Hydra's or Slurm's variables, and checked") {
+  // Sets the variables for one check and removes them after, whatever happens.
+  struct Environment {
+    std::vector<std::string> names;
+    explicit Environment(const std::vector<std::pair<std::string, std::string>>& values) {
+      for (const auto& [name, value] : values) {
+        setenv(name.c_str(), value.c_str(), 1);
+        names.push_back(name);
+      }
+    }
+    ~Environment() {
+      for (const auto& name : names) unsetenv(name.c_str());
+    }
+  };
+  {
+    Environment env({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}});
+    const auto p = fl::detail::placement_from_environment();
+    CHECK(p.index == 2);
+    CHECK(p.count == 4);
+    CHECK(p.local_index == 0);
+    CHECK(p.source == "Open MPI");
+  }
+  {
+    Environment env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}});
+    const auto p = fl::detail::placement_from_environment();
+    CHECK(p.index == 5);
+    CHECK(p.count == 8);
+    CHECK(p.local_index == 1);
+    CHECK(p.source == "Slurm");
+  }
+  {
+    Environment env({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}});
+    const auto p = fl::detail::placement_from_environment();
+    CHECK(p.index == 1);
+    CHECK(p.local_index == 0);  // no local rank given
+    CHECK(p.source == "MPICH (Hydra)");
+  }
+  {
+    Environment env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});  // a 1-process launch stays 1 process
+    CHECK(fl::detail::placement_from_environment().count == 1);
+  }
+  {
+    Environment env({{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+    test::check_op_throws<fl::InvalidArgument>("process_index", [] { fl::detail::placement_from_environment(); },
+                                               {"process 4 of 4", "OMPI_COMM_WORLD_RANK"});
+  }
+  {
+    Environment env({{"SLURM_PROCID", "x1"}, {"SLURM_NTASKS", "2"}});
+    test::check_op_throws<fl::InvalidArgument>("process_index", [] { fl::detail::placement_from_environment(); },
+                                               {"SLURM_PROCID", "'x1'"});
+  }
+  CHECK(fl::detail::placement_from_environment().source == "none");
+}
+
 TEST_CASE("world communicator of a 1-process job: one participant on cpu:0") {
   ensure_devices();
   auto world = fl::detail::world_communicator();

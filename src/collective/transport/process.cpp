@@ -36,7 +36,9 @@ constexpr Launcher kLaunchers[] = {
     {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
 };
 
-ProcessPlacement read_placement() {
+}  // namespace
+
+ProcessPlacement placement_from_environment() {
   for (const Launcher& launcher : kLaunchers) {
     const auto rank = read_int(launcher.rank);
     const auto size = read_int(launcher.size);
@@ -52,10 +54,8 @@ ProcessPlacement read_placement() {
   return ProcessPlacement{0, 1, 0, "none"};
 }
 
-}  // namespace
-
 const ProcessPlacement& process_placement() {
-  static const ProcessPlacement placement = read_placement();
+  static const ProcessPlacement placement = placement_from_environment();
   return placement;
 }
 
