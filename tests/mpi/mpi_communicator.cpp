@@ -170,6 +170,25 @@ TEST_CASE("f16 accumulates in f32 across processes and rounds once") {
   CHECK(w.result.to_vector<int32_t>()[0] == std::numeric_limits<int32_t>::min() + (procs() - 2));
 }
 
+TEST_CASE("floating max and min propagate a NaN from any process") {
+  auto comm = world();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (int holder = 0; holder < procs(); ++holder) {
+    for (fl::DType dt : {fl::f32, fl::f64, fl::bf16}) {
+      for (fl::ReduceOp op : {fl::ReduceOp::max, fl::ReduceOp::min}) {
+        CAPTURE(holder);
+        CAPTURE(dt);
+        const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce,
+                                                    test::make({rank() == holder ? nan : 1.0 * rank(), 1.0 * rank()}, dt), op));
+        REQUIRE_FALSE(o.error);
+        const auto v = test::values(o.result);
+        CHECK(std::isnan(v[0]));
+        CHECK(v[1] == (op == fl::ReduceOp::max ? procs() - 1.0 : 0.0));
+      }
+    }
+  }
+}
+
 TEST_CASE("world broadcast from every root, all_gather, reduce_scatter, barrier") {
   auto comm = world();
   for (int root = 0; root < procs(); ++root) {

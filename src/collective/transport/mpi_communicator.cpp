@@ -40,17 +40,50 @@ MPI_Datatype move_type(DType dtype) {
   }
 }
 
+// Floating max and min that propagate NaN, as the host reduction does (MPI_MAX's `a > b ? a : b`
+// would drop a NaN depending on its position).
+template <class T, bool kMax>
+void nan_max_min(void* in_raw, void* inout_raw, int* count, MPI_Datatype*) {
+  const auto* in = static_cast<const T*>(in_raw);
+  auto* inout = static_cast<T*>(inout_raw);
+  for (int i = 0; i < *count; ++i) {
+    const T a = in[i];
+    const T b = inout[i];
+    if (a != a || b != b) {
+      inout[i] = a + b;
+    } else {
+      inout[i] = kMax ? (a < b ? b : a) : (b < a ? b : a);
+    }
+  }
+}
+
+// Made once, after MPI started; kept until MPI_Finalize frees them.
+struct FloatingOps {
+  MPI_Op max_f32, min_f32, max_f64, min_f64;
+  FloatingOps() {
+    MPI_Op_create(&nan_max_min<float, true>, 1, &max_f32);
+    MPI_Op_create(&nan_max_min<float, false>, 1, &min_f32);
+    MPI_Op_create(&nan_max_min<double, true>, 1, &max_f64);
+    MPI_Op_create(&nan_max_min<double, false>, 1, &min_f64);
+  }
+};
+const FloatingOps& floating_ops() {
+  static const FloatingOps* ops = new FloatingOps;
+  return *ops;
+}
+
 // The MPI type and op that reduce wire buffers of `dtype` (reduction.hpp): integer sums on the
 // unsigned type, where wrapping is defined.
 std::pair<MPI_Datatype, MPI_Op> reduce_type(DType dtype, ReduceOp op) {
   const ReduceOp combine = wire_op(dtype, op);
   const MPI_Op mpi_op = combine == ReduceOp::sum ? MPI_SUM : (combine == ReduceOp::max ? MPI_MAX : MPI_MIN);
   const bool sum = combine == ReduceOp::sum;
+  const bool max = combine == ReduceOp::max;
   switch (wire_dtype(dtype)) {
     case DType::f32:
-      return {MPI_FLOAT, mpi_op};
+      return {MPI_FLOAT, sum ? MPI_SUM : (max ? floating_ops().max_f32 : floating_ops().min_f32)};
     case DType::f64:
-      return {MPI_DOUBLE, mpi_op};
+      return {MPI_DOUBLE, sum ? MPI_SUM : (max ? floating_ops().max_f64 : floating_ops().min_f64)};
     case DType::i32:
       return {sum ? MPI_UINT32_T : MPI_INT32_T, mpi_op};
     case DType::i64:
