@@ -678,3 +678,18 @@ TEST_CASE("floating max and min propagate NaN; large tensors split over threads 
     for (int i = 0; i < 3; ++i) CHECK(test::values(out[i].result) == want);
   }
 }
+
+TEST_CASE("a done callback may drop the last reference to its communicator (on the watchdog's thread)") {
+  auto comm = local_communicator(2, 0.1);
+  std::promise<std::string> got;
+  // Participant 1 never comes: the watchdog delivers the timeout, and the callback destroys the
+  // communicator on the watchdog's own thread.
+  comm->start(0, call_of(CollectiveKind::all_reduce, test::make({1})), [&](fl::Tensor, std::exception_ptr e) {
+    comm.reset();
+    got.set_value(e ? "error" : "no error");
+  });
+  auto future = got.get_future();
+  REQUIRE(future.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(future.get() == "error");
+  CHECK(comm == nullptr);
+}

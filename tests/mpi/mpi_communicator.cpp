@@ -361,6 +361,24 @@ TEST_CASE("a data-only call that fails inside one process: it fails there, the o
   CHECK(expect(next, {3.0 * procs()}, {1}));
 }
 
+TEST_CASE("a done callback may drop the last reference to its communicator (on the progress thread)") {
+  ensure_devices();
+  auto comm = fl::detail::make_communicator({fl::Device("cpu:0")});
+  std::promise<double> got;
+  // start() hands the call to the progress thread, which runs the callback: the communicator is
+  // destroyed there, and the other processes' goodbyes still come in.
+  comm->start(0, call_of(CollectiveKind::all_reduce, test::make({2})), [&](fl::Tensor r, std::exception_ptr e) {
+    const double value = e ? -1.0 : test::values(r)[0];
+    comm.reset();
+    got.set_value(value);
+  });
+  auto future = got.get_future();
+  REQUIRE(future.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  CHECK(future.get() == 2.0 * procs());
+  const Outcome next = run_one(*world(), 0, call_of(CollectiveKind::barrier, fl::Tensor()));
+  CHECK_FALSE(next.error);
+}
+
 TEST_CASE("make_communicator: every process must bring the same number of devices") {
   ensure_devices();
   std::vector<fl::Device> devices = {fl::Device("cpu:0")};

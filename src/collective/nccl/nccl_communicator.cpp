@@ -18,6 +18,7 @@
 #include "collective/transport/host_collective.hpp"
 #include "collective/transport/in_process.hpp"
 #include "collective/transport/local_exchange.hpp"
+#include "collective/transport/owned_thread.hpp"
 #include "collective/transport/reduction.hpp"
 #include "cuda/runtime.hpp"
 #include "flowlet/core/error.hpp"
@@ -154,7 +155,7 @@ class NcclCommunicator final : public Communicator {
       stopping_ = true;
     }
     wake_.notify_all();
-    if (progress_.joinable()) progress_.join();
+    join_or_release(progress_);
     // Calls whose local stage completed but that never ran: their participants hear of it.
     for (auto& [number, job] : jobs_) {
       deliver(job.arrivals, {}, std::make_exception_ptr(Cancelled(fmt::format(
@@ -217,6 +218,7 @@ class NcclCommunicator final : public Communicator {
         jobs_.erase(it);
         lock.unlock();
         run_job(job);
+        if (object_released_here()) return;  // a callback destroyed this communicator
         lock.lock();
         ++next_job_;
         continue;

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "flowlet/core/error.hpp"
+#include "collective/transport/owned_thread.hpp"
 #include "flowlet/core/format.hpp"
 
 namespace flowlet::detail {
@@ -48,7 +49,7 @@ LocalExchange::~LocalExchange() {
     groups_.clear();
   }
   wake_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
+  join_or_release(watchdog_);
   for (auto& done : orphans) {
     done(Tensor(), std::make_exception_ptr(Cancelled(fmt::format(
                        "collective: {} was destroyed while the call waited for its other participants", describe_))));
@@ -173,8 +174,12 @@ void LocalExchange::watch() {
     }
     if (!expired.empty()) {
       lock.unlock();
-      for (auto& d : expired) d(Tensor(), error);
+      for (auto& d : expired) {
+        d(Tensor(), error);
+        if (object_released_here()) return;  // a callback destroyed this exchange's owner
+      }
       if (failed_) failed_(expired_number, expired_header, expired_check, error);
+      if (object_released_here()) return;
       lock.lock();
       continue;
     }

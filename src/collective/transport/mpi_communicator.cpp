@@ -9,6 +9,7 @@
 #include "collective/transport/host_collective.hpp"
 #include "collective/transport/in_process.hpp"
 #include "collective/transport/mpi_runtime.hpp"
+#include "collective/transport/owned_thread.hpp"
 #include "collective/transport/reduction.hpp"
 #include "flowlet/core/error.hpp"
 #include "flowlet/core/format.hpp"
@@ -231,17 +232,26 @@ void MpiCommunicator::enqueue(Job job) {
     // leaves the calls alone meanwhile (busy_).
     busy_ = true;
     lock.unlock();
-    run_job(job);
+    Delivery delivery = run_job(job);
     lock.lock();
-    busy_ = false;
-    ++next_job_;
-    if (jobs_.empty() || !progress_sleeping_) return;
-  } else {
-    jobs_.emplace(number, std::move(job));
-    if (!progress_sleeping_) return;  // it is running a call and looks for the next one after
+    finish_job_locked(lock);  // unlocks
+    deliver(delivery.arrivals, std::move(delivery.results), delivery.error);
+    return;
   }
+  jobs_.emplace(number, std::move(job));
+  if (!progress_sleeping_) return;  // it is running a call and looks for the next one after
   lock.unlock();
   wake_.notify_all();
+}
+
+void MpiCommunicator::finish_job_locked(std::unique_lock<std::mutex>& lock) {
+  // The MPI part of the call is over: the next call may start (on the progress thread, or on a
+  // thread that a done callback below makes wait for one) while this one's results are handed out.
+  busy_ = false;
+  ++next_job_;
+  const bool wake = !jobs_.empty() && progress_sleeping_;
+  lock.unlock();
+  if (wake) wake_.notify_all();
 }
 
 void MpiCommunicator::progress() {
@@ -253,10 +263,12 @@ void MpiCommunicator::progress() {
       jobs_.erase(it);
       busy_ = true;
       lock.unlock();
-      run_job(job);
+      Delivery delivery = run_job(job);
       lock.lock();
-      busy_ = false;
-      ++next_job_;
+      finish_job_locked(lock);
+      deliver(delivery.arrivals, std::move(delivery.results), delivery.error);
+      if (object_released_here()) return;  // a callback destroyed this communicator
+      lock.lock();
       continue;
     }
     if (stopping_) return;
@@ -281,7 +293,7 @@ std::string MpiCommunicator::participants_of(const std::vector<int>& processes) 
   return fmt::format("participants [{}] (processes [{}])", fmt::join(participants, ", "), fmt::join(processes, ", "));
 }
 
-void MpiCommunicator::run_job(Job& job) {
+MpiCommunicator::Delivery MpiCommunicator::run_job(Job& job) {
   const char* name = job.header.kind == kFailedHere ? "collective" : collective_name(static_cast<CollectiveKind>(job.header.kind));
   std::exception_ptr error;
   Tensor global;
@@ -304,7 +316,7 @@ void MpiCommunicator::run_job(Job& job) {
   }
   if (job.failed_here) {  // its participants got this process's own error already
     --in_flight_;
-    return;
+    return {};
   }
   std::vector<Tensor> results;
   if (error == nullptr) {
@@ -317,7 +329,7 @@ void MpiCommunicator::run_job(Job& job) {
   // Over for this process before anyone hears of it: a participant may destroy the communicator
   // as soon as its done ran.
   --in_flight_;
-  deliver(job.arrivals, std::move(results), error);
+  return Delivery{std::move(job.arrivals), std::move(results), error};
 }
 
 std::exception_ptr MpiCommunicator::exchange_headers(const Job& job) {
@@ -559,7 +571,7 @@ void MpiCommunicator::begin_shut_down() {
     abort_job(fmt::format("{} was destroyed while a call was in flight; its peers would wait for it", describe_));
   }
   wake_.notify_all();
-  if (progress_.joinable()) progress_.join();
+  join_or_release(progress_);
   if (!mpi_usable() || comm_ == MPI_COMM_NULL) return;
   // Tell every peer how many calls this process completed, so that a peer waiting for a later one
   // fails at once instead of at its timeout.

@@ -82,9 +82,17 @@ class MpiCommunicator final : public Communicator {
     CallHeader header;
   };
 
+  // A call's outcome, handed to its participants once the communicator is free for the next call.
+  struct Delivery {
+    std::vector<Arrival> arrivals;
+    std::vector<Tensor> results;
+    std::exception_ptr error;
+  };
+
   void enqueue(Job job);
   void progress();
-  void run_job(Job& job);
+  Delivery run_job(Job& job);
+  void finish_job_locked(std::unique_lock<std::mutex>& lock);
   std::exception_ptr exchange_headers(const Job& job);
   std::exception_ptr exchange_data(const Job& job, Tensor& global);
   Wait wait_for(std::vector<MPI_Request>& requests, std::chrono::steady_clock::time_point deadline, uint64_t number);
