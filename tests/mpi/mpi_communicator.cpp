@@ -224,6 +224,37 @@ TEST_CASE("world broadcast from every root, all_gather, reduce_scatter, barrier"
   CHECK_FALSE(b.result.defined());
 }
 
+TEST_CASE("broadcast, all_gather and reduce_scatter in every dtype") {
+  auto comm = world();
+  for (fl::DType dt : test::kAllDTypes) {
+    CAPTURE(dt);
+    const int root = procs() - 1;
+    const Outcome b = run_one(*comm, 0, call_of(CollectiveKind::broadcast, test::make(input_of(rank(), dt), dt),
+                                                fl::ReduceOp::sum, root));
+    CHECK(expect(b, input_of(root, dt), {4}));
+    const Outcome g = run_one(*comm, 0, call_of(CollectiveKind::all_gather, test::make(input_of(rank(), dt), fl::Shape{2, 2}, dt)));
+    std::vector<double> gathered;
+    for (int p = 0; p < procs(); ++p) {
+      const auto v = input_of(p, dt);
+      gathered.insert(gathered.end(), v.begin(), v.end());
+    }
+    CHECK(expect(g, gathered, {2 * procs(), 2}));
+    // reduce_scatter of [procs, 4]: process p's row k is input_of(p) + k; the max over processes.
+    std::vector<double> rows;
+    for (int k = 0; k < procs(); ++k) {
+      for (double v : input_of(rank(), dt)) rows.push_back(dt == fl::b8 ? v : v + k);
+    }
+    const Outcome r = run_one(*comm, 0, call_of(CollectiveKind::reduce_scatter, test::make(rows, fl::Shape{procs(), 4}, dt),
+                                                fl::ReduceOp::max));
+    std::vector<double> want(4, -1e300);
+    for (int p = 0; p < procs(); ++p) {
+      const auto v = input_of(p, dt);
+      for (int k = 0; k < 4; ++k) want[k] = std::max(want[k], dt == fl::b8 ? v[k] : v[k] + rank());
+    }
+    CHECK(expect(r, want, {1, 4}));
+  }
+}
+
 TEST_CASE("results are bit-identical on every process") {
   auto comm = world();
   const fl::Tensor x = test::random_tensor(fl::Shape{4099}, 7 + rank());
