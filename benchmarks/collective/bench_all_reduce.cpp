@@ -12,20 +12,18 @@
 //
 // Every process runs the same fixed iteration counts (collectives must match); a timing is the
 // slowest process's, the median of 7 repetitions.
-#include "collective/transport/mpi_include.hpp"
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <flowlet/flowlet.hpp>
 #include <functional>
 #include <thread>
 #include <vector>
 
-#include <fmt/core.h>
-
-#include <flowlet/flowlet.hpp>
-
 #include "collective/communicator.hpp"
+#include "collective/transport/mpi_include.hpp"
 
 namespace fl = flowlet;
 using fl::detail::CollectiveCall;
@@ -89,9 +87,7 @@ void across_processes() {
     first_use_call.check_header = true;
     const std::vector<double> times = time_per_iteration(
         iterations, true,
-        {[&] {
-           MPI_Allreduce(send.data(), receive.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-         },
+        {[&] { MPI_Allreduce(send.data(), receive.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
          // The nonblocking call flowlet's progress thread makes, waited for on the calling thread:
          // what MPI's nonblocking path itself costs against the blocking one.
          [&] {

@@ -1,12 +1,12 @@
 #include "collective/communicator.hpp"
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <thread>
 #include <mutex>
-
-#include <fmt/format.h>
+#include <thread>
 
 #include "collective/transport/backends.hpp"
 #include "collective/transport/in_process.hpp"
@@ -108,14 +108,15 @@ void check_devices(const std::vector<Device>& devices) {
   for (size_t i = 0; i < devices.size(); ++i) {
     check_device_exists("make_communicator", devices[i]);
     if (devices[i].kind() != devices[0].kind()) {
-      throw InvalidArgument(fmt::format("make_communicator: the local devices must be all CPU devices or all GPUs; got "
-                                        "{} and {}",
-                                        devices[0], devices[i]));
+      throw InvalidArgument(
+          fmt::format("make_communicator: the local devices must be all CPU devices or all GPUs; got "
+                      "{} and {}",
+                      devices[0], devices[i]));
     }
     for (size_t j = 0; j < i; ++j) {
       if (devices[j] == devices[i]) {
-        throw InvalidArgument(fmt::format("make_communicator: the local devices must be distinct; got {} twice",
-                                          devices[i]));
+        throw InvalidArgument(
+            fmt::format("make_communicator: the local devices must be distinct; got {} twice", devices[i]));
       }
     }
   }
@@ -131,9 +132,10 @@ std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& local
   const double timeout = resolve_timeout(options.timeout_seconds);
   if (local_devices[0].kind() == DeviceKind::cuda) {
     if (gpu_factory == nullptr) {
-      throw DeviceError(fmt::format("make_communicator: GPU participants ({}) need NCCL, and this build of flowlet has "
-                                    "no NCCL backend (configure with -Dnccl=enabled)",
-                                    local_devices[0]));
+      throw DeviceError(
+          fmt::format("make_communicator: GPU participants ({}) need NCCL, and this build of flowlet has "
+                      "no NCCL backend (configure with -Dnccl=enabled)",
+                      local_devices[0]));
     }
     return gpu_factory(local_devices, timeout);
   }

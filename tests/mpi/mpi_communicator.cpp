@@ -148,8 +148,8 @@ TEST_CASE("world all_reduce in every dtype and reduction, with and without the h
             want[k] = op == fl::ReduceOp::max ? mx : mn;
           }
         }
-        const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make(input_of(rank(), dt), dt), op,
-                                                    0, check_header));
+        const Outcome o = run_one(
+            *comm, 0, call_of(CollectiveKind::all_reduce, test::make(input_of(rank(), dt), dt), op, 0, check_header));
         REQUIRE_FALSE(o.error);
         CHECK(o.result.dtype() == dt);
         CHECK(expect(o, want, {4}));
@@ -162,11 +162,13 @@ TEST_CASE("f16 accumulates in f32 across processes and rounds once") {
   auto comm = world();
   // 2048 + 1 (+ 1): f16 step by step stays at 2048; in f32 the sum is 2049 (2050 for 3 processes),
   // which rounds (ties to even) to 2048 for 2049 and to 2050 for 2050.
-  const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make({rank() == 0 ? 2048.0 : 1.0}, fl::f16)));
+  const Outcome o =
+      run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make({rank() == 0 ? 2048.0 : 1.0}, fl::f16)));
   CHECK(expect(o, {procs() == 2 ? 2048.0 : 2050.0}, {1}));
   // i32 sums wrap.
   const int32_t v = rank() == 0 ? std::numeric_limits<int32_t>::max() : 1;
-  const Outcome w = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, fl::tensor(std::vector<int32_t>{v}, fl::Shape{1})));
+  const Outcome w =
+      run_one(*comm, 0, call_of(CollectiveKind::all_reduce, fl::tensor(std::vector<int32_t>{v}, fl::Shape{1})));
   CHECK(w.result.to_vector<int32_t>()[0] == std::numeric_limits<int32_t>::min() + (procs() - 2));
 }
 
@@ -178,8 +180,9 @@ TEST_CASE("floating max and min propagate a NaN from any process") {
       for (fl::ReduceOp op : {fl::ReduceOp::max, fl::ReduceOp::min}) {
         CAPTURE(holder);
         CAPTURE(dt);
-        const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce,
-                                                    test::make({rank() == holder ? nan : 1.0 * rank(), 1.0 * rank()}, dt), op));
+        const Outcome o = run_one(*comm, 0,
+                                  call_of(CollectiveKind::all_reduce,
+                                          test::make({rank() == holder ? nan : 1.0 * rank(), 1.0 * rank()}, dt), op));
         REQUIRE_FALSE(o.error);
         const auto v = test::values(o.result);
         CHECK(std::isnan(v[0]));
@@ -193,11 +196,14 @@ TEST_CASE("world broadcast from every root, all_gather, reduce_scatter, barrier"
   auto comm = world();
   for (int root = 0; root < procs(); ++root) {
     const Outcome o =
-        run_one(*comm, 0, call_of(CollectiveKind::broadcast, test::make({10.0 * rank(), 1.0}, fl::f64), fl::ReduceOp::sum, root));
+        run_one(*comm, 0,
+                call_of(CollectiveKind::broadcast, test::make({10.0 * rank(), 1.0}, fl::f64), fl::ReduceOp::sum, root));
     CHECK(expect(o, {10.0 * root, 1.0}, {2}));
   }
   {
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_gather, test::make({1.0 * rank(), -1.0 * rank()}, fl::Shape{1, 2}, fl::bf16)));
+    const Outcome o = run_one(
+        *comm, 0,
+        call_of(CollectiveKind::all_gather, test::make({1.0 * rank(), -1.0 * rank()}, fl::Shape{1, 2}, fl::bf16)));
     std::vector<double> want;
     for (int p = 0; p < procs(); ++p) want.insert(want.end(), {1.0 * p, -1.0 * p});
     CHECK(expect(o, want, {procs(), 2}));
@@ -213,7 +219,8 @@ TEST_CASE("world broadcast from every root, all_gather, reduce_scatter, barrier"
     // Rows of 2; process p holds k + 10 p at flat index k. The sum at k is P k + 10 (0 + 1 + ...).
     std::vector<double> in(static_cast<size_t>(4 * procs()));
     for (size_t k = 0; k < in.size(); ++k) in[k] = static_cast<double>(k) + 10.0 * rank();
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::reduce_scatter, test::make(in, fl::Shape{2 * procs(), 2}, dt)));
+    const Outcome o =
+        run_one(*comm, 0, call_of(CollectiveKind::reduce_scatter, test::make(in, fl::Shape{2 * procs(), 2}, dt)));
     const double offset = 10.0 * procs() * (procs() - 1) / 2;
     std::vector<double> want;
     for (int k = 4 * rank(); k < 4 * rank() + 4; ++k) want.push_back(procs() * k + offset);
@@ -229,10 +236,11 @@ TEST_CASE("broadcast, all_gather and reduce_scatter in every dtype") {
   for (fl::DType dt : test::kAllDTypes) {
     CAPTURE(dt);
     const int root = procs() - 1;
-    const Outcome b = run_one(*comm, 0, call_of(CollectiveKind::broadcast, test::make(input_of(rank(), dt), dt),
-                                                fl::ReduceOp::sum, root));
+    const Outcome b = run_one(
+        *comm, 0, call_of(CollectiveKind::broadcast, test::make(input_of(rank(), dt), dt), fl::ReduceOp::sum, root));
     CHECK(expect(b, input_of(root, dt), {4}));
-    const Outcome g = run_one(*comm, 0, call_of(CollectiveKind::all_gather, test::make(input_of(rank(), dt), fl::Shape{2, 2}, dt)));
+    const Outcome g =
+        run_one(*comm, 0, call_of(CollectiveKind::all_gather, test::make(input_of(rank(), dt), fl::Shape{2, 2}, dt)));
     std::vector<double> gathered;
     for (int p = 0; p < procs(); ++p) {
       const auto v = input_of(p, dt);
@@ -244,8 +252,9 @@ TEST_CASE("broadcast, all_gather and reduce_scatter in every dtype") {
     for (int k = 0; k < procs(); ++k) {
       for (double v : input_of(rank(), dt)) rows.push_back(dt == fl::b8 ? v : v + k);
     }
-    const Outcome r = run_one(*comm, 0, call_of(CollectiveKind::reduce_scatter, test::make(rows, fl::Shape{procs(), 4}, dt),
-                                                fl::ReduceOp::max));
+    const Outcome r = run_one(
+        *comm, 0,
+        call_of(CollectiveKind::reduce_scatter, test::make(rows, fl::Shape{procs(), 4}, dt), fl::ReduceOp::max));
     std::vector<double> want(4, -1e300);
     for (int p = 0; p < procs(); ++p) {
       const auto v = input_of(p, dt);
@@ -292,22 +301,27 @@ TEST_CASE("processes that disagree all fail with the same error, and the next ca
   const int last = procs() - 1;
   const std::string last_who = fmt::format("participant {}", last);
   {
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, fl::zeros(fl::Shape{rank() == last ? 3 : 2})));
+    const Outcome o =
+        run_one(*comm, 0, call_of(CollectiveKind::all_reduce, fl::zeros(fl::Shape{rank() == last ? 3 : 2})));
     test::check_op_throws<fl::ShapeError>("all_reduce", [&] { rethrow(o); },
                                           {"disagree on the shape", "participant 0 with [2]", last_who + " with [3]"});
   }
   {
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_gather, fl::zeros(fl::Shape{2}, rank() == last ? fl::i32 : fl::f32)));
-    test::check_op_throws<fl::DTypeError>("all_gather", [&] { rethrow(o); }, {"participant 0 with f32", last_who + " with i32"});
+    const Outcome o = run_one(
+        *comm, 0, call_of(CollectiveKind::all_gather, fl::zeros(fl::Shape{2}, rank() == last ? fl::i32 : fl::f32)));
+    test::check_op_throws<fl::DTypeError>("all_gather", [&] { rethrow(o); },
+                                          {"participant 0 with f32", last_who + " with i32"});
   }
   {
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, fl::zeros(fl::Shape{2}),
-                                                rank() == last ? fl::ReduceOp::min : fl::ReduceOp::mean));
+    const Outcome o = run_one(*comm, 0,
+                              call_of(CollectiveKind::all_reduce, fl::zeros(fl::Shape{2}),
+                                      rank() == last ? fl::ReduceOp::min : fl::ReduceOp::mean));
     test::check_op_throws<fl::InvalidArgument>("all_reduce", [&] { rethrow(o); }, {"reduction", "mean", "min"});
   }
   {
-    const Outcome o = run_one(*comm, 0, call_of(rank() == last ? CollectiveKind::broadcast : CollectiveKind::all_reduce,
-                                                fl::zeros(fl::Shape{2})));
+    const Outcome o = run_one(
+        *comm, 0,
+        call_of(rank() == last ? CollectiveKind::broadcast : CollectiveKind::all_reduce, fl::zeros(fl::Shape{2})));
     test::check_op_throws<fl::InvalidArgument>("all_reduce", [&] { rethrow(o); },
                                                {"disagree on the collective", last_who + " with broadcast"});
   }
@@ -323,9 +337,9 @@ TEST_CASE("a process that does not arrive: DeadlineExceeded names it; the commun
     const auto begin = std::chrono::steady_clock::now();
     const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make({1})));
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    test::check_op_throws<fl::DeadlineExceeded>("all_reduce", [&] { rethrow(o); },
-                                                {fmt::format("participants [{}] of communicator", last),
-                                                 "did not arrive within 1 s"});
+    test::check_op_throws<fl::DeadlineExceeded>(
+        "all_reduce", [&] { rethrow(o); },
+        {fmt::format("participants [{}] of communicator", last), "did not arrive within 1 s"});
     CHECK(waited >= 0.9);
     CHECK(waited < 10);
     const Outcome again = run_one(*comm, 0, call_of(CollectiveKind::barrier, fl::Tensor()));
@@ -365,15 +379,18 @@ TEST_CASE("a data-only call that fails inside one process: it fails there, the o
   ensure_devices();
   auto comm = fl::detail::make_communicator({fl::Device("cpu:0"), fl::Device("cpu:1")}, {.timeout_seconds = 2});
   auto on = [&](const fl::Tensor& t, int local) { return t.to(comm->device(local)); };
-  const auto first = run_local(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
+  const auto first =
+      run_local(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
   for (int l = 0; l < 2; ++l) CHECK(expect(first[l], {2.0 * procs()}, {1}));
   if (rank() == 0) {
     // Participant 1 of process 0 never makes call 1 (a data-only call).
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, on(test::make({1}), 0), fl::ReduceOp::sum, 0, false));
+    const Outcome o =
+        run_one(*comm, 0, call_of(CollectiveKind::all_reduce, on(test::make({1}), 0), fl::ReduceOp::sum, 0, false));
     test::check_op_throws<fl::DeadlineExceeded>("all_reduce", [&] { rethrow(o); },
                                                 {"participants [1] of communicator", "did not arrive within 2 s"});
     // Participant 1 comes late to that call: it is over.
-    const Outcome late = run_one(*comm, 1, call_of(CollectiveKind::all_reduce, on(test::make({1}), 1), fl::ReduceOp::sum, 0, false));
+    const Outcome late =
+        run_one(*comm, 1, call_of(CollectiveKind::all_reduce, on(test::make({1}), 1), fl::ReduceOp::sum, 0, false));
     test::check_throws<fl::DeadlineExceeded>([&] { rethrow(late); }, {"did not arrive"});
     // The call never reached the others, so this process's calls no longer line up with theirs:
     // the next call fails at once.
@@ -425,8 +442,7 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
   REQUIRE(n == 2 * procs());
   CHECK(comm->local_size() == 2);
   CHECK(comm->rank_of(1) == 2 * rank() + 1);
-  CHECK(comm->describe() ==
-        fmt::format("communicator of {} participants ({} processes x [cpu:0, cpu:1])", n, procs()));
+  CHECK(comm->describe() == fmt::format("communicator of {} participants ({} processes x [cpu:0, cpu:1])", n, procs()));
   auto on = [&](const fl::Tensor& t, int local) { return t.to(comm->device(local)); };
   SUBCASE("all_reduce sum and mean, with and without headers") {
     for (bool check : {true, false}) {
@@ -442,7 +458,8 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
       }
     }
     const auto mean = run_local(*comm, [&](int l) {
-      return call_of(CollectiveKind::all_reduce, on(test::make({1.0 * comm->rank_of(l)}, fl::bf16), l), fl::ReduceOp::mean);
+      return call_of(CollectiveKind::all_reduce, on(test::make({1.0 * comm->rank_of(l)}, fl::bf16), l),
+                     fl::ReduceOp::mean);
     });
     for (int l = 0; l < 2; ++l) CHECK(expect(mean[l], {test::round_to((n - 1) / 2.0, fl::bf16)}, {1}));
   }
@@ -484,7 +501,8 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
                                                    {"failed in process 0 (participants 0 .. 1)"});
       }
     }
-    const auto next = run_local(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
+    const auto next =
+        run_local(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
     for (int l = 0; l < 2; ++l) CHECK(expect(next[l], {1.0 * n}, {1}));
   }
   SUBCASE("a disagreement between processes names both") {
@@ -492,8 +510,9 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
       return call_of(CollectiveKind::all_gather, on(fl::zeros(fl::Shape{2}, rank() == 1 ? fl::f64 : fl::f32), l));
     });
     for (int l = 0; l < 2; ++l) {
-      test::check_op_throws<fl::DTypeError>("all_gather", [&] { rethrow(out[l]); },
-                                            {"process 0 (participants 0 .. 1) with f32", "process 1 (participants 2 .. 3) with f64"});
+      test::check_op_throws<fl::DTypeError>(
+          "all_gather", [&] { rethrow(out[l]); },
+          {"process 0 (participants 0 .. 1) with f32", "process 1 (participants 2 .. 3) with f64"});
     }
   }
   SUBCASE("many calls in flight keep their order") {
@@ -503,7 +522,8 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
     for (int l = 0; l < 2; ++l) {
       threads.emplace_back([&, l] {
         for (int k = 0; k < kCalls; ++k) {
-          comm->start(l, call_of(CollectiveKind::all_reduce, on(test::make({1.0 * k}), l), fl::ReduceOp::sum, 0, k == 0),
+          comm->start(l,
+                      call_of(CollectiveKind::all_reduce, on(test::make({1.0 * k}), l), fl::ReduceOp::sum, 0, k == 0),
                       [&, l, k](fl::Tensor r, std::exception_ptr e) {
                         if (e) {
                           results[l * kCalls + k].set_exception(e);
@@ -517,7 +537,8 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
     for (auto& t : threads) t.join();
     bool right = true;
     for (int l = 0; l < 2; ++l) {
-      for (int k = 0; k < kCalls; ++k) right = right && test::values(results[l * kCalls + k].get_future().get())[0] == 1.0 * k * n;
+      for (int k = 0; k < kCalls; ++k)
+        right = right && test::values(results[l * kCalls + k].get_future().get())[0] == 1.0 * k * n;
     }
     CHECK(right);
   }

@@ -1,9 +1,9 @@
 #include "collective/transport/in_process.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "collective/transport/host_collective.hpp"
 #include "collective/transport/reduction.hpp"

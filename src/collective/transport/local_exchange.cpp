@@ -1,12 +1,12 @@
 #include "collective/transport/local_exchange.hpp"
 
-#include <cstdlib>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "flowlet/core/error.hpp"
+#include <cstdlib>
+
 #include "collective/transport/owned_thread.hpp"
+#include "flowlet/core/error.hpp"
 #include "flowlet/core/format.hpp"
 
 namespace flowlet::detail {
@@ -159,10 +159,10 @@ void LocalExchange::watch() {
       for (size_t i = 0; i < group.arrived.size(); ++i) {
         if (!group.arrived[i]) missing.push_back(first_rank_ + static_cast<int>(i));
       }
-      group.error = std::make_exception_ptr(DeadlineExceeded(
-          fmt::format("{}: participants [{}] of {} did not arrive within {:g} s",
-                      collective_name(static_cast<CollectiveKind>(group.header.kind)), fmt::join(missing, ", "),
-                      describe_, timeout_seconds_)));
+      group.error = std::make_exception_ptr(
+          DeadlineExceeded(fmt::format("{}: participants [{}] of {} did not arrive within {:g} s",
+                                       collective_name(static_cast<CollectiveKind>(group.header.kind)),
+                                       fmt::join(missing, ", "), describe_, timeout_seconds_)));
       error = group.error;
       expired_number = number;
       expired_header = group.header;

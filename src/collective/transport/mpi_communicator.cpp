@@ -1,9 +1,9 @@
 #include "collective/transport/mpi_communicator.hpp"
 
-#include <climits>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <climits>
 
 #include "collective/transport/backends.hpp"
 #include "collective/transport/host_collective.hpp"
@@ -183,9 +183,10 @@ MpiCommunicator::MpiCommunicator(std::vector<Device> devices, double timeout_sec
   for (int p = 1; p < processes_; ++p) {
     if (counts[static_cast<size_t>(p)] != counts[0]) {  // the same message on every process
       MPI_Comm_free(&comm_);
-      throw InvalidArgument(fmt::format("make_communicator: every process must pass the same number of local devices; "
-                                        "got {} on process 0 and {} on process {}",
-                                        counts[0], counts[static_cast<size_t>(p)], p));
+      throw InvalidArgument(
+          fmt::format("make_communicator: every process must pass the same number of local devices; "
+                      "got {} on process 0 and {} on process {}",
+                      counts[0], counts[static_cast<size_t>(p)], p));
     }
   }
 
@@ -211,13 +212,15 @@ Device MpiCommunicator::device(int local) const {
 void MpiCommunicator::start(int local, CollectiveCall call, CollectiveDone done) {
   check_local_index(*this, local);
   if (shut_down_.load()) {
-    throw InvalidArgument(fmt::format("{}: {} was shut down (MPI ended at exit)", collective_name(call.kind), describe_));
+    throw InvalidArgument(
+        fmt::format("{}: {} was shut down (MPI ended at exit)", collective_name(call.kind), describe_));
   }
   prepare_call(call, size(), rank_of(local), devices_[static_cast<size_t>(local)], describe_);
   if (call.input.defined() && call.input.numel() > INT_MAX / size()) {
-    throw InvalidArgument(fmt::format("{}: {} elements per participant are more than one MPI call moves over {} "
-                                      "participants (MPI counts are int); got shape {}",
-                                      collective_name(call.kind), call.input.numel(), size(), call.input.shape()));
+    throw InvalidArgument(
+        fmt::format("{}: {} elements per participant are more than one MPI call moves over {} "
+                    "participants (MPI counts are int); got shape {}",
+                    collective_name(call.kind), call.input.numel(), size(), call.input.shape()));
   }
   exchange_.arrive(local, std::move(call), std::move(done));
 }
@@ -294,7 +297,8 @@ std::string MpiCommunicator::participants_of(const std::vector<int>& processes) 
 }
 
 MpiCommunicator::Delivery MpiCommunicator::run_job(Job& job) {
-  const char* name = job.header.kind == kFailedHere ? "collective" : collective_name(static_cast<CollectiveKind>(job.header.kind));
+  const char* name =
+      job.header.kind == kFailedHere ? "collective" : collective_name(static_cast<CollectiveKind>(job.header.kind));
   std::exception_ptr error;
   Tensor global;
   if (!broken_.empty()) {
@@ -307,9 +311,10 @@ MpiCommunicator::Delivery MpiCommunicator::run_job(Job& job) {
     // communicator, as its goodbye counts only the calls it took part in), and this process's
     // later calls fail at once, since its calls no longer line up with theirs.
     skipped_call_ = std::min(skipped_call_, job.number);
-    broken_ = fmt::format("call {} failed in this process on a call that exchanges no header, so the other "
-                          "processes could not be told; {} cannot be used again",
-                          job.number, describe_);
+    broken_ = fmt::format(
+        "call {} failed in this process on a call that exchanges no header, so the other "
+        "processes could not be told; {} cannot be used again",
+        job.number, describe_);
   } else {
     if (job.check_header || job.failed_here) error = exchange_headers(job);
     if (error == nullptr && !job.failed_here) error = exchange_data(job, global);
@@ -595,9 +600,8 @@ void MpiCommunicator::end_shut_down() {
   // context and break its message order. Otherwise the communicator is kept (not freed) until
   // MPI_Finalize, which keeps its context from being reused. Peers normally end together; the wait
   // is bounded so that processes destroying communicators in different orders cannot deadlock.
-  const Clock::time_point until =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                         std::min(timeout_seconds_, 10.0)));
+  const Clock::time_point until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double>(std::min(timeout_seconds_, 10.0)));
   bool all_in = false;
   for (;;) {
     poll_goodbyes();

@@ -27,8 +27,6 @@
 // completed; a peer waiting for a later call fails it at once instead of waiting for its timeout.
 #pragma once
 
-#include "collective/transport/mpi_include.hpp"
-
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -41,6 +39,7 @@
 
 #include "collective/communicator.hpp"
 #include "collective/transport/local_exchange.hpp"
+#include "collective/transport/mpi_include.hpp"
 
 namespace flowlet::detail {
 
@@ -67,12 +66,12 @@ class MpiCommunicator final : public Communicator {
  private:
   struct Job {
     uint64_t number = 0;
-    std::vector<Arrival> arrivals;   // empty when the call failed in this process
+    std::vector<Arrival> arrivals;  // empty when the call failed in this process
     CallHeader header;
     bool check_header = true;
     bool failed_here = false;
-    Tensor wire;                     // this process's combined input
-    bool wire_is_input = false;      // `wire` is the one participant's input: read it, never write it
+    Tensor wire;                 // this process's combined input
+    bool wire_is_input = false;  // `wire` is the one participant's input: read it, never write it
   };
   enum class Wait { done, timed_out, peer_left };
   // What the header exchange sends: the header, stamped with the communicator and the call.
@@ -117,7 +116,7 @@ class MpiCommunicator final : public Communicator {
   uint64_t next_job_ = 0;
   bool busy_ = false;  // a thread (the progress thread, or a caller of run()) is making this communicator's MPI calls
   bool progress_sleeping_ = false;  // waiting on wake_: enqueue() must notify
-  std::atomic<int> in_flight_{0};  // calls enqueued whose participants have not all been answered
+  std::atomic<int> in_flight_{0};   // calls enqueued whose participants have not all been answered
   bool stopping_ = false;
   std::thread progress_;
   std::atomic<bool> shut_down_{false};
@@ -134,7 +133,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::unique_ptr<HeaderMessage>> abandoned_headers_;  // buffers of sends given up on a timeout
   uint64_t goodbye_[2] = {};
   std::vector<MPI_Request> goodbye_sends_;
-  bool saying_goodbye_ = false;                                    // what shut_down() sends: serial, calls done
+  bool saying_goodbye_ = false;  // what shut_down() sends: serial, calls done
 
   LocalExchange exchange_;  // last: its callbacks use everything above
 };

@@ -1,6 +1,6 @@
 #include "collective/transport/mpi_runtime.hpp"
 
-#include "collective/transport/mpi_include.hpp"
+#include <fmt/format.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -8,10 +8,9 @@
 #include <mutex>
 #include <set>
 
-#include <fmt/format.h>
-
 #include "collective/transport/backends.hpp"
 #include "collective/transport/mpi_communicator.hpp"
+#include "collective/transport/mpi_include.hpp"
 #include "collective/transport/process.hpp"
 #include "flowlet/core/error.hpp"
 

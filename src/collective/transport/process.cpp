@@ -1,9 +1,9 @@
 #include "collective/transport/process.hpp"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <optional>
-
-#include <fmt/format.h>
 
 #include "flowlet/collective.hpp"
 #include "flowlet/core/error.hpp"
@@ -18,7 +18,8 @@ std::optional<int> read_int(const char* name) {
   char* end = nullptr;
   const long value = std::strtol(text, &end, 10);
   if (*end != '\0' || value < 0 || value > (1 << 30)) {
-    throw InvalidArgument(fmt::format("process_index: the launcher's {} is not a process number; got '{}'", name, text));
+    throw InvalidArgument(
+        fmt::format("process_index: the launcher's {} is not a process number; got '{}'", name, text));
   }
   return static_cast<int>(value);
 }
@@ -45,9 +46,10 @@ ProcessPlacement placement_from_environment() {
     if (!rank || !size) continue;
     const auto local = read_int(launcher.local_rank);
     if (*size < 1 || *rank >= *size) {
-      throw InvalidArgument(fmt::format("process_index: {} says process {} of {} ({}, {}); that is not a process of "
-                                        "the job",
-                                        launcher.name, *rank, *size, launcher.rank, launcher.size));
+      throw InvalidArgument(
+          fmt::format("process_index: {} says process {} of {} ({}, {}); that is not a process of "
+                      "the job",
+                      launcher.name, *rank, *size, launcher.rank, launcher.size));
     }
     return ProcessPlacement{*rank, *size, local.value_or(0), launcher.name};
   }
