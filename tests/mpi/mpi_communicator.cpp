@@ -355,6 +355,28 @@ TEST_CASE("a process that does not arrive: DeadlineExceeded names it; the commun
   CHECK(expect(next, {2.0 * procs()}, {1}));
 }
 
+TEST_CASE("a data-only call a process does not make: the others time out, and the job still ends cleanly") {
+  ensure_devices();
+  auto comm = fl::detail::make_communicator({fl::Device("cpu:0")}, {.timeout_seconds = 1});
+  const Outcome first = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make({1})));
+  CHECK(expect(first, {1.0 * procs()}, {1}));
+  const int last = procs() - 1;
+  if (rank() != last) {
+    const Outcome o =
+        run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make({1}), fl::ReduceOp::sum, 0, false));
+    // No header exchange: which process is missing is not known here, and the message says so.
+    test::check_op_throws<fl::DeadlineExceeded>("all_reduce", [&] { rethrow(o); },
+                                                {"did not complete within 1 s", "data-only"});
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // until the others timed out
+  }
+  // The others' MPI call stays pending (MPI cannot withdraw it): their communicator is kept, not
+  // freed, and MPI_Finalize at exit does not wait for it (this program's exit status shows it).
+  comm.reset();
+  const Outcome next = run_one(*world(), 0, call_of(CollectiveKind::barrier, fl::Tensor()));
+  CHECK_FALSE(next.error);
+}
+
 TEST_CASE("a process that destroyed its communicator: its peers fail at once, not at the timeout") {
   ensure_devices();
   auto comm = fl::detail::make_communicator({fl::Device("cpu:0")}, {.timeout_seconds = 30});
