@@ -137,6 +137,61 @@ TEST_CASE("processes: a plain run is process 0 of 1") {
   CHECK(fl::detail::process_placement().source == "none");
 }
 
+TEST_CASE("processes: the placement is read from Open MPI's, Hydra's or Slurm's variables, and checked") {
+  // Sets the variables for one check and removes them after, whatever happens.
+  struct Environment {
+    std::vector<std::string> names;
+    explicit Environment(const std::vector<std::pair<std::string, std::string>>& values) {
+      for (const auto& [name, value] : values) {
+        setenv(name.c_str(), value.c_str(), 1);
+        names.push_back(name);
+      }
+    }
+    ~Environment() {
+      for (const auto& name : names) unsetenv(name.c_str());
+    }
+  };
+  {
+    Environment env(
+        {{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}});
+    const auto p = fl::detail::placement_from_environment();
+    CHECK(p.index == 2);
+    CHECK(p.count == 4);
+    CHECK(p.local_index == 0);
+    CHECK(p.source == "Open MPI");
+  }
+  {
+    Environment env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}});
+    const auto p = fl::detail::placement_from_environment();
+    CHECK(p.index == 5);
+    CHECK(p.count == 8);
+    CHECK(p.local_index == 1);
+    CHECK(p.source == "Slurm");
+  }
+  {
+    Environment env({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}});
+    const auto p = fl::detail::placement_from_environment();
+    CHECK(p.index == 1);
+    CHECK(p.local_index == 0);  // no local rank given
+    CHECK(p.source == "MPICH (Hydra)");
+  }
+  {
+    Environment env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});  // a 1-process launch stays 1 process
+    CHECK(fl::detail::placement_from_environment().count == 1);
+  }
+  {
+    Environment env({{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+    test::check_op_throws<fl::InvalidArgument>("process_index", [] { fl::detail::placement_from_environment(); },
+                                               {"process 4 of 4", "OMPI_COMM_WORLD_RANK"});
+  }
+  {
+    Environment env({{"SLURM_PROCID", "x1"}, {"SLURM_NTASKS", "2"}});
+    test::check_op_throws<fl::InvalidArgument>("process_index", [] { fl::detail::placement_from_environment(); },
+                                               {"SLURM_PROCID", "'x1'"});
+  }
+  CHECK(fl::detail::placement_from_environment().source == "none");
+}
+
 TEST_CASE("world communicator of a 1-process job: one participant on cpu:0") {
   ensure_devices();
   auto world = fl::detail::world_communicator();
@@ -209,9 +264,8 @@ TEST_CASE("all_reduce in every dtype matches a sum computed here") {
           want[k] = op == fl::ReduceOp::max ? mx : mn;
         }
       }
-      const auto outcomes = run_all(*comm, [&](int i) {
-        return call_of(CollectiveKind::all_reduce, on(test::make(inputs[i], dt), i), op);
-      });
+      const auto outcomes = run_all(
+          *comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make(inputs[i], dt), i), op); });
       for (int i = 0; i < 3; ++i) {
         REQUIRE_FALSE(outcomes[i].error);
         CHECK(outcomes[i].result.dtype() == dt);
@@ -337,15 +391,18 @@ TEST_CASE("0-size tensors pass through every kind") {
   for (CollectiveKind kind : {CollectiveKind::all_reduce, CollectiveKind::broadcast, CollectiveKind::all_gather,
                               CollectiveKind::reduce_scatter}) {
     CAPTURE(fl::detail::collective_name(kind));
-    const auto outcomes =
-        run_all(*comm, [&](int i) { return call_of(kind, on(fl::zeros(fl::Shape{0, 3}, fl::f16), i)); });
+    const auto outcomes = run_all(*comm, [&](int i) {
+      return call_of(kind, on(fl::zeros(fl::Shape{0, 3}, fl::f16), i));
+    });
     for (int i = 0; i < 2; ++i) {
       REQUIRE_FALSE(outcomes[i].error);
       CHECK(outcomes[i].result.shape() == fl::Shape{0, 3});
       CHECK(outcomes[i].result.dtype() == fl::f16);
     }
   }
-  const auto gathered = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_gather, on(fl::zeros(fl::Shape{3, 0}), i)); });
+  const auto gathered = run_all(*comm, [&](int i) {
+    return call_of(CollectiveKind::all_gather, on(fl::zeros(fl::Shape{3, 0}), i));
+  });
   CHECK(gathered[1].result.shape() == fl::Shape{6, 0});
 }
 
@@ -366,67 +423,77 @@ TEST_CASE("participants that disagree all fail with an error naming both") {
   SUBCASE("shape") {
     all_fail([&](int i) { return call_of(CollectiveKind::all_reduce, on(fl::zeros(fl::Shape{i == 3 ? 3 : 2}), i)); },
              [](const Outcome& o) {
-               test::check_op_throws<fl::ShapeError>("all_reduce", [&] { rethrow(o); },
-                                                     {"disagree on the shape", "participant 3 (cpu:3) with [3]", "with [2]"});
+               test::check_op_throws<fl::ShapeError>(
+                   "all_reduce", [&] { rethrow(o); },
+                   {"disagree on the shape", "participant 3 (cpu:3) with [3]", "with [2]"});
              });
   }
   SUBCASE("dtype") {
-    all_fail([&](int i) { return call_of(CollectiveKind::all_gather, on(fl::zeros(fl::Shape{2}, i == 1 ? fl::f64 : fl::f32), i)); },
-             [](const Outcome& o) {
-               test::check_op_throws<fl::DTypeError>("all_gather", [&] { rethrow(o); },
-                                                     {"disagree on the dtype", "participant 1 (cpu:1) with f64", "with f32"});
-             });
+    all_fail(
+        [&](int i) {
+          return call_of(CollectiveKind::all_gather, on(fl::zeros(fl::Shape{2}, i == 1 ? fl::f64 : fl::f32), i));
+        },
+        [](const Outcome& o) {
+          test::check_op_throws<fl::DTypeError>(
+              "all_gather", [&] { rethrow(o); },
+              {"disagree on the dtype", "participant 1 (cpu:1) with f64", "with f32"});
+        });
   }
   SUBCASE("reduction") {
-    all_fail([&](int i) {
-               return call_of(CollectiveKind::all_reduce, on(fl::zeros(fl::Shape{2}), i),
-                              i == 2 ? fl::ReduceOp::max : fl::ReduceOp::sum);
-             },
-             [](const Outcome& o) {
-               test::check_op_throws<fl::InvalidArgument>("all_reduce", [&] { rethrow(o); },
-                                                          {"disagree on the reduction", "(cpu:2) with max", "with sum"});
-             });
+    all_fail(
+        [&](int i) {
+          return call_of(CollectiveKind::all_reduce, on(fl::zeros(fl::Shape{2}), i),
+                         i == 2 ? fl::ReduceOp::max : fl::ReduceOp::sum);
+        },
+        [](const Outcome& o) {
+          test::check_op_throws<fl::InvalidArgument>("all_reduce", [&] { rethrow(o); },
+                                                     {"disagree on the reduction", "(cpu:2) with max", "with sum"});
+        });
   }
   SUBCASE("collective") {
-    all_fail([&](int i) {
-               return call_of(i == 0 ? CollectiveKind::broadcast : CollectiveKind::all_reduce, on(fl::zeros(fl::Shape{2}), i));
-             },
-             [](const Outcome& o) {
-               test::check_throws<fl::InvalidArgument>([&] { rethrow(o); },
-                                                       {"disagree on the collective", "participant 0 (cpu:0) with broadcast",
-                                                        "with all_reduce"});
-             });
+    all_fail(
+        [&](int i) {
+          return call_of(i == 0 ? CollectiveKind::broadcast : CollectiveKind::all_reduce,
+                         on(fl::zeros(fl::Shape{2}), i));
+        },
+        [](const Outcome& o) {
+          test::check_throws<fl::InvalidArgument>(
+              [&] { rethrow(o); },
+              {"disagree on the collective", "participant 0 (cpu:0) with broadcast", "with all_reduce"});
+        });
   }
   SUBCASE("root") {
-    all_fail([&](int i) {
-               return call_of(CollectiveKind::broadcast, on(fl::zeros(fl::Shape{2}), i), fl::ReduceOp::sum, i == 0 ? 1 : 0);
-             },
-             [](const Outcome& o) {
-               test::check_op_throws<fl::InvalidArgument>("broadcast", [&] { rethrow(o); },
-                                                          {"disagree on the root", "root 1", "root 0"});
-             });
+    all_fail(
+        [&](int i) {
+          return call_of(CollectiveKind::broadcast, on(fl::zeros(fl::Shape{2}), i), fl::ReduceOp::sum, i == 0 ? 1 : 0);
+        },
+        [](const Outcome& o) {
+          test::check_op_throws<fl::InvalidArgument>("broadcast", [&] { rethrow(o); },
+                                                     {"disagree on the root", "root 1", "root 0"});
+        });
   }
   // The failed call is over for everyone: the next one works.
-  const auto next = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({1.0 * i}), i)); });
+  const auto next =
+      run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({1.0 * i}), i)); });
   for (int i = 0; i < 4; ++i) CHECK(expect(next[i].result, {6}, {1}));
 }
 
 TEST_CASE("participants that do not arrive: DeadlineExceeded names them, late ones fail too") {
   auto comm = local_communicator(4, 0.2);
   const auto begin = std::chrono::steady_clock::now();
-  const auto outcomes = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), i)); },
-                                {0, 2});
+  const auto outcomes =
+      run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), i)); }, {0, 2});
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   CHECK(waited >= 0.19);
   CHECK(waited < 5);
   for (int i : {0, 2}) {
-    test::check_op_throws<fl::DeadlineExceeded>("all_reduce", [&] { rethrow(outcomes[i]); },
-                                                {"participants [1, 3] of communicator of 4 participants",
-                                                 "did not arrive within 0.2 s"});
+    test::check_op_throws<fl::DeadlineExceeded>(
+        "all_reduce", [&] { rethrow(outcomes[i]); },
+        {"participants [1, 3] of communicator of 4 participants", "did not arrive within 0.2 s"});
   }
   // Participants 1 and 3 arrive late at the same call: it is over, they fail at once.
-  const auto late = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), i)); },
-                            {1, 3});
+  const auto late =
+      run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), i)); }, {1, 3});
   for (int i : {1, 3}) test::check_throws<fl::DeadlineExceeded>([&] { rethrow(late[i]); }, {"did not arrive"});
   // The next call has everyone.
   const auto next = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({2}), i)); });
@@ -466,24 +533,28 @@ TEST_CASE("start() returns at once and matches calls by number, many in flight")
 TEST_CASE("a participant's own argument errors are thrown by start()") {
   auto comm = local_communicator(2);
   auto ignore = [](fl::Tensor, std::exception_ptr) {};
-  test::check_op_throws<fl::DeviceError>("all_reduce", [&] {
-    comm->start(1, call_of(CollectiveKind::all_reduce, test::make({1})), ignore);
-  }, {"participant 1", "runs on cpu:1", "got a tensor on cpu:0"});
-  test::check_op_throws<fl::InvalidArgument>("all_gather", [&] {
-    comm->start(0, call_of(CollectiveKind::all_gather, fl::Tensor()), ignore);
-  }, {"empty tensor handle"});
-  test::check_op_throws<fl::InvalidArgument>("broadcast", [&] {
-    comm->start(0, call_of(CollectiveKind::broadcast, test::make({1}), fl::ReduceOp::sum, 2), ignore);
-  }, {"root 2 is not a participant", "(0 .. 1)"});
-  test::check_op_throws<fl::ShapeError>("reduce_scatter", [&] {
-    comm->start(0, call_of(CollectiveKind::reduce_scatter, test::make({1, 2, 3})), ignore);
-  }, {"2 equal parts", "[3]"});
-  test::check_op_throws<fl::ShapeError>("reduce_scatter", [&] {
-    comm->start(0, call_of(CollectiveKind::reduce_scatter, fl::scalar(1.0f)), ignore);
-  }, {"[]"});
-  test::check_throws<fl::InvalidArgument>([&] {
-    comm->start(2, call_of(CollectiveKind::all_reduce, test::make({1})), ignore);
-  }, {"local participant 2 does not exist"});
+  test::check_op_throws<fl::DeviceError>(
+      "all_reduce", [&] { comm->start(1, call_of(CollectiveKind::all_reduce, test::make({1})), ignore); },
+      {"participant 1", "runs on cpu:1", "got a tensor on cpu:0"});
+  test::check_op_throws<fl::InvalidArgument>(
+      "all_gather", [&] { comm->start(0, call_of(CollectiveKind::all_gather, fl::Tensor()), ignore); },
+      {"empty tensor handle"});
+  test::check_op_throws<fl::InvalidArgument>(
+      "broadcast",
+      [&] { comm->start(0, call_of(CollectiveKind::broadcast, test::make({1}), fl::ReduceOp::sum, 2), ignore); },
+      {"root 2 is not a participant", "(0 .. 1)"});
+  test::check_op_throws<fl::ShapeError>(
+      "reduce_scatter",
+      [&] {
+        comm->start(0, call_of(CollectiveKind::reduce_scatter, test::make({1, 2, 3})), ignore);
+      },
+      {"2 equal parts", "[3]"});
+  test::check_op_throws<fl::ShapeError>(
+      "reduce_scatter", [&] { comm->start(0, call_of(CollectiveKind::reduce_scatter, fl::scalar(1.0f)), ignore); },
+      {"[]"});
+  test::check_throws<fl::InvalidArgument>(
+      [&] { comm->start(2, call_of(CollectiveKind::all_reduce, test::make({1})), ignore); },
+      {"local participant 2 does not exist"});
   // None of these counted as a call: a complete call still works.
   const auto next = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), i)); });
   for (int i = 0; i < 2; ++i) CHECK(expect(next[i].result, {2}, {1}));
@@ -493,31 +564,41 @@ TEST_CASE("make_communicator checks its devices") {
   ensure_devices();
   test::check_op_throws<fl::InvalidArgument>("make_communicator", [&] { fl::detail::make_communicator({}); },
                                              {"at least one"});
-  test::check_op_throws<fl::InvalidArgument>("make_communicator", [&] {
-    fl::detail::make_communicator({fl::Device("cpu:1"), fl::Device("cpu:1")});
-  }, {"distinct", "cpu:1 twice"});
+  test::check_op_throws<fl::InvalidArgument>(
+      "make_communicator",
+      [&] {
+        fl::detail::make_communicator({fl::Device("cpu:1"), fl::Device("cpu:1")});
+      },
+      {"distinct", "cpu:1 twice"});
   test::check_throws<fl::DeviceError>([&] { fl::detail::make_communicator({fl::Device("cpu:9")}); }, {"cpu:9"});
   if (fl::device_count(fl::DeviceKind::cuda) == 0) {
     test::check_throws<fl::DeviceError>([&] { fl::detail::make_communicator({fl::Device("cuda:0")}); }, {"cuda:0"});
   }
-  test::check_throws<fl::InvalidArgument>([&] {
-    setenv("FLOWLET_COLLECTIVE_TIMEOUT", "soon", 1);
-    try {
-      fl::detail::make_communicator({fl::Device("cpu:0")});
-    } catch (...) {
-      unsetenv("FLOWLET_COLLECTIVE_TIMEOUT");
-      throw;
-    }
-    unsetenv("FLOWLET_COLLECTIVE_TIMEOUT");
-  }, {"FLOWLET_COLLECTIVE_TIMEOUT", "soon"});
+  test::check_throws<fl::InvalidArgument>(
+      [&] {
+        // The variable as it was (the MPI test list sets it) comes back however the call ends.
+        struct Restore {
+          const char* old = std::getenv("FLOWLET_COLLECTIVE_TIMEOUT");
+          std::string saved = old ? old : "";
+          ~Restore() {
+            if (old) {
+              setenv("FLOWLET_COLLECTIVE_TIMEOUT", saved.c_str(), 1);
+            } else {
+              unsetenv("FLOWLET_COLLECTIVE_TIMEOUT");
+            }
+          }
+        } restore;
+        setenv("FLOWLET_COLLECTIVE_TIMEOUT", "soon", 1);
+        fl::detail::make_communicator({fl::Device("cpu:0")});
+      },
+      {"FLOWLET_COLLECTIVE_TIMEOUT", "soon"});
 }
 
 TEST_CASE("destroying a communicator with a call waiting fails that call with Cancelled") {
   auto comm = local_communicator(2);
   std::promise<std::exception_ptr> got;
-  comm->start(0, call_of(CollectiveKind::all_reduce, test::make({1})), [&](fl::Tensor, std::exception_ptr e) {
-    got.set_value(e);
-  });
+  comm->start(0, call_of(CollectiveKind::all_reduce, test::make({1})),
+              [&](fl::Tensor, std::exception_ptr e) { got.set_value(e); });
   comm.reset();
   const std::exception_ptr error = got.get_future().get();
   test::check_throws<fl::Cancelled>([&] { std::rethrow_exception(error); }, {"destroyed"});
@@ -543,8 +624,8 @@ TEST_CASE("GPU participants (NCCL): every kind on every visible GPU, against the
     for (fl::ReduceOp op : {fl::ReduceOp::sum, fl::ReduceOp::mean, fl::ReduceOp::max, fl::ReduceOp::min}) {
       CAPTURE(fl::to_string(op));
       const auto out = run_all(*comm, [&](int i) {
-        const std::vector<double> v = dt == fl::b8 ? std::vector<double>{1, 0, i == 0 ? 1.0 : 0.0}
-                                                   : std::vector<double>{1.0 + i, 2.0 * i, 5};
+        const std::vector<double> v =
+            dt == fl::b8 ? std::vector<double>{1, 0, i == 0 ? 1.0 : 0.0} : std::vector<double>{1.0 + i, 2.0 * i, 5};
         return call_of(CollectiveKind::all_reduce, gpu(test::make(v, dt), i), op);
       });
       std::vector<double> want(3);
@@ -572,7 +653,8 @@ TEST_CASE("GPU participants (NCCL): every kind on every visible GPU, against the
       }
     }
   }
-  const auto gathered = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_gather, gpu(fl::scalar(int64_t{i + 1}), i)); });
+  const auto gathered =
+      run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_gather, gpu(fl::scalar(int64_t{i + 1}), i)); });
   std::vector<int64_t> want;
   for (int i = 0; i < n; ++i) want.push_back(i + 1);
   for (int i = 0; i < n; ++i) CHECK(gathered[i].result.to_vector<int64_t>() == want);
@@ -609,7 +691,8 @@ TEST_CASE("floating max and min propagate NaN; large tensors split over threads 
     CAPTURE(dt);
     std::vector<fl::Tensor> inputs;
     for (int i = 0; i < 3; ++i) inputs.push_back(on(test::random_tensor(fl::Shape{kCount}, 40 + i, dt), i));
-    const auto out = run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, inputs[i], fl::ReduceOp::mean); });
+    const auto out =
+        run_all(*comm, [&](int i) { return call_of(CollectiveKind::all_reduce, inputs[i], fl::ReduceOp::mean); });
     std::vector<std::vector<double>> in;
     for (const auto& t : inputs) in.push_back(test::values(t));
     std::vector<double> want(kCount);
@@ -623,4 +706,19 @@ TEST_CASE("floating max and min propagate NaN; large tensors split over threads 
     }
     for (int i = 0; i < 3; ++i) CHECK(test::values(out[i].result) == want);
   }
+}
+
+TEST_CASE("a done callback may drop the last reference to its communicator (on the watchdog's thread)") {
+  auto comm = local_communicator(2, 0.1);
+  std::promise<std::string> got;
+  // Participant 1 never comes: the watchdog delivers the timeout, and the callback destroys the
+  // communicator on the watchdog's own thread.
+  comm->start(0, call_of(CollectiveKind::all_reduce, test::make({1})), [&](fl::Tensor, std::exception_ptr e) {
+    comm.reset();
+    got.set_value(e ? "error" : "no error");
+  });
+  auto future = got.get_future();
+  REQUIRE(future.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(future.get() == "error");
+  CHECK(comm == nullptr);
 }

@@ -12,19 +12,18 @@
 //
 // Every process runs the same fixed iteration counts (collectives must match); a timing is the
 // slowest process's, the median of 7 repetitions.
-#include "collective/transport/mpi_include.hpp"
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <flowlet/flowlet.hpp>
+#include <functional>
 #include <thread>
 #include <vector>
 
-#include <fmt/core.h>
-
-#include <flowlet/flowlet.hpp>
-
 #include "collective/communicator.hpp"
+#include "collective/transport/mpi_include.hpp"
 
 namespace fl = flowlet;
 using fl::detail::CollectiveCall;
@@ -41,21 +40,29 @@ std::string size_text(int64_t bytes) {
   return bytes >= (1 << 20) ? fmt::format("{} MB", bytes >> 20) : fmt::format("{} KB", bytes >> 10);
 }
 
-// Seconds per iteration of `body`, the median over repetitions of the slowest process.
-template <class F>
-double time_per_iteration(int64_t iterations, bool across_processes, F&& body) {
-  std::vector<double> samples;
-  body();  // warm-up: allocations, MPI connections
+// Seconds per iteration of each body, the median over repetitions of the slowest process. The
+// bodies take turns within each repetition, so that the load of a shared machine falls on all of
+// them alike.
+std::vector<double> time_per_iteration(int64_t iterations, bool across_processes,
+                                       const std::vector<std::function<void()>>& bodies) {
+  std::vector<std::vector<double>> samples(bodies.size());
+  for (const auto& body : bodies) body();  // warm-up: allocations, MPI connections
   for (int r = 0; r < kRepetitions; ++r) {
-    if (across_processes) MPI_Barrier(MPI_COMM_WORLD);
-    const auto begin = Clock::now();
-    for (int64_t i = 0; i < iterations; ++i) body();
-    double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
-    if (across_processes) MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    samples.push_back(seconds / static_cast<double>(iterations));
+    for (size_t b = 0; b < bodies.size(); ++b) {
+      if (across_processes) MPI_Barrier(MPI_COMM_WORLD);
+      const auto begin = Clock::now();
+      for (int64_t i = 0; i < iterations; ++i) bodies[b]();
+      double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+      if (across_processes) MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      samples[b].push_back(seconds / static_cast<double>(iterations));
+    }
   }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  std::vector<double> medians;
+  for (auto& s : samples) {
+    std::sort(s.begin(), s.end());
+    medians.push_back(s[s.size() / 2]);
+  }
+  return medians;
 }
 
 void across_processes() {
@@ -72,26 +79,26 @@ void across_processes() {
     const int64_t iterations = iterations_for(bytes);
     const fl::Tensor input = fl::full({n}, 1.0 + fl::process_index(), fl::f32);
     std::vector<float> send(static_cast<size_t>(n), 1.0f), receive(static_cast<size_t>(n));
-    const double raw = time_per_iteration(iterations, true, [&] {
-      MPI_Allreduce(send.data(), receive.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    });
-    // The nonblocking call flowlet's progress thread makes, waited for on the calling thread: what
-    // MPI's nonblocking path itself costs against the blocking one.
-    const double raw_nonblocking = time_per_iteration(iterations, true, [&] {
-      MPI_Request request;
-      MPI_Iallreduce(send.data(), receive.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &request);
-      int done = 0;
-      while (!done) MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    });
-    auto flowlet_path = [&](bool check_header) {
-      CollectiveCall call;
-      call.kind = CollectiveKind::all_reduce;
-      call.input = input;
-      call.check_header = check_header;
-      return time_per_iteration(iterations, true, [&] { world->run(0, call); });
-    };
-    const double data_only = flowlet_path(false);
-    const double first_use = flowlet_path(true);
+    CollectiveCall data_only_call;
+    data_only_call.kind = CollectiveKind::all_reduce;
+    data_only_call.input = input;
+    data_only_call.check_header = false;
+    CollectiveCall first_use_call = data_only_call;
+    first_use_call.check_header = true;
+    const std::vector<double> times = time_per_iteration(
+        iterations, true,
+        {[&] { MPI_Allreduce(send.data(), receive.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+         // The nonblocking call flowlet's progress thread makes, waited for on the calling thread:
+         // what MPI's nonblocking path itself costs against the blocking one.
+         [&] {
+           MPI_Request request;
+           MPI_Iallreduce(send.data(), receive.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+                          &request);
+           int done = 0;
+           while (!done) MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+         },
+         [&] { world->run(0, data_only_call); }, [&] { world->run(0, first_use_call); }});
+    const double raw = times[0], raw_nonblocking = times[1], data_only = times[2], first_use = times[3];
     // The result is right (every process holds 1 + its index).
     CollectiveCall check;
     check.input = input;
@@ -117,10 +124,10 @@ void in_process() {
     const int64_t n = bytes / 4;
     const int64_t iterations = iterations_for(bytes);
     std::vector<char> from(static_cast<size_t>(bytes), 1), to(static_cast<size_t>(bytes));
-    const double copy = time_per_iteration(iterations, false, [&] {
-      std::memcpy(to.data(), from.data(), from.size());
-      asm volatile("" : : : "memory");
-    });
+    const double copy = time_per_iteration(iterations, false, {[&] {
+                                             std::memcpy(to.data(), from.data(), from.size());
+                                             asm volatile("" : : : "memory");
+                                           }})[0];
     std::vector<fl::Tensor> inputs = {fl::full({n}, 1.0, fl::f32, fl::Device("cpu:0")),
                                       fl::full({n}, 2.0, fl::f32, fl::Device("cpu:1"))};
     // Each participant runs the whole loop on its own thread, as replicas do.

@@ -4,17 +4,15 @@
 // One process (run it plainly, or as `mpirun -np 1`): the participants are cuda:0 .. cuda:<n-1>
 // (FLOWLET_BENCH_GPUS, default 1). Prints raw time / flowlet time per size.
 #include <cuda_runtime_api.h>
+#include <fmt/core.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <flowlet/flowlet.hpp>
 #include <thread>
 #include <vector>
-
-#include <fmt/core.h>
-
-#include <flowlet/flowlet.hpp>
 
 #include "collective/communicator.hpp"
 

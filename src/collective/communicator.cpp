@@ -1,12 +1,12 @@
 #include "collective/communicator.hpp"
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <thread>
 #include <mutex>
-
-#include <fmt/format.h>
+#include <thread>
 
 #include "collective/transport/backends.hpp"
 #include "collective/transport/in_process.hpp"
@@ -51,6 +51,12 @@ const char* collective_name(CollectiveKind kind) {
   return "unknown collective";
 }
 
+namespace {
+thread_local bool waiting_caller = false;
+}  // namespace
+
+bool caller_waits() { return waiting_caller; }
+
 Tensor Communicator::run(int local, CollectiveCall call) {
   // The communicator's watchdog bounds the wait: every call ends, with a result or an error. The
   // caller spins briefly before sleeping, as small collectives complete within microseconds and a
@@ -64,15 +70,23 @@ Tensor Communicator::run(int local, CollectiveCall call) {
     std::exception_ptr error;
   };
   auto waiting = std::make_shared<Waiting>();
-  start(local, std::move(call), [waiting](Tensor value, std::exception_ptr error) {
-    waiting->result = std::move(value);
-    waiting->error = error;
-    {
-      std::lock_guard lock(waiting->mutex);
-      waiting->ready.store(true, std::memory_order_release);
-    }
-    waiting->wake.notify_one();
-  });
+  struct CallerWaits {  // restores the flag however start() ends
+    bool previous = waiting_caller;
+    CallerWaits() { waiting_caller = true; }
+    ~CallerWaits() { waiting_caller = previous; }
+  };
+  {
+    CallerWaits scope;
+    start(local, std::move(call), [waiting](Tensor value, std::exception_ptr error) {
+      waiting->result = std::move(value);
+      waiting->error = error;
+      {
+        std::lock_guard lock(waiting->mutex);
+        waiting->ready.store(true, std::memory_order_release);
+      }
+      waiting->wake.notify_one();
+    });
+  }
   const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
   while (!waiting->ready.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spin_until) {
     std::this_thread::yield();
@@ -94,14 +108,15 @@ void check_devices(const std::vector<Device>& devices) {
   for (size_t i = 0; i < devices.size(); ++i) {
     check_device_exists("make_communicator", devices[i]);
     if (devices[i].kind() != devices[0].kind()) {
-      throw InvalidArgument(fmt::format("make_communicator: the local devices must be all CPU devices or all GPUs; got "
-                                        "{} and {}",
-                                        devices[0], devices[i]));
+      throw InvalidArgument(
+          fmt::format("make_communicator: the local devices must be all CPU devices or all GPUs; got "
+                      "{} and {}",
+                      devices[0], devices[i]));
     }
     for (size_t j = 0; j < i; ++j) {
       if (devices[j] == devices[i]) {
-        throw InvalidArgument(fmt::format("make_communicator: the local devices must be distinct; got {} twice",
-                                          devices[i]));
+        throw InvalidArgument(
+            fmt::format("make_communicator: the local devices must be distinct; got {} twice", devices[i]));
       }
     }
   }
@@ -117,9 +132,10 @@ std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& local
   const double timeout = resolve_timeout(options.timeout_seconds);
   if (local_devices[0].kind() == DeviceKind::cuda) {
     if (gpu_factory == nullptr) {
-      throw DeviceError(fmt::format("make_communicator: GPU participants ({}) need NCCL, and this build of flowlet has "
-                                    "no NCCL backend (configure with -Dnccl=enabled)",
-                                    local_devices[0]));
+      throw DeviceError(
+          fmt::format("make_communicator: GPU participants ({}) need NCCL, and this build of flowlet has "
+                      "no NCCL backend (configure with -Dnccl=enabled)",
+                      local_devices[0]));
     }
     return gpu_factory(local_devices, timeout);
   }

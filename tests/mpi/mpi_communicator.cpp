@@ -148,8 +148,8 @@ TEST_CASE("world all_reduce in every dtype and reduction, with and without the h
             want[k] = op == fl::ReduceOp::max ? mx : mn;
           }
         }
-        const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make(input_of(rank(), dt), dt), op,
-                                                    0, check_header));
+        const Outcome o = run_one(
+            *comm, 0, call_of(CollectiveKind::all_reduce, test::make(input_of(rank(), dt), dt), op, 0, check_header));
         REQUIRE_FALSE(o.error);
         CHECK(o.result.dtype() == dt);
         CHECK(expect(o, want, {4}));
@@ -162,23 +162,48 @@ TEST_CASE("f16 accumulates in f32 across processes and rounds once") {
   auto comm = world();
   // 2048 + 1 (+ 1): f16 step by step stays at 2048; in f32 the sum is 2049 (2050 for 3 processes),
   // which rounds (ties to even) to 2048 for 2049 and to 2050 for 2050.
-  const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make({rank() == 0 ? 2048.0 : 1.0}, fl::f16)));
+  const Outcome o =
+      run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make({rank() == 0 ? 2048.0 : 1.0}, fl::f16)));
   CHECK(expect(o, {procs() == 2 ? 2048.0 : 2050.0}, {1}));
   // i32 sums wrap.
   const int32_t v = rank() == 0 ? std::numeric_limits<int32_t>::max() : 1;
-  const Outcome w = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, fl::tensor(std::vector<int32_t>{v}, fl::Shape{1})));
+  const Outcome w =
+      run_one(*comm, 0, call_of(CollectiveKind::all_reduce, fl::tensor(std::vector<int32_t>{v}, fl::Shape{1})));
   CHECK(w.result.to_vector<int32_t>()[0] == std::numeric_limits<int32_t>::min() + (procs() - 2));
+}
+
+TEST_CASE("floating max and min propagate a NaN from any process") {
+  auto comm = world();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (int holder = 0; holder < procs(); ++holder) {
+    for (fl::DType dt : {fl::f32, fl::f64, fl::bf16}) {
+      for (fl::ReduceOp op : {fl::ReduceOp::max, fl::ReduceOp::min}) {
+        CAPTURE(holder);
+        CAPTURE(dt);
+        const Outcome o = run_one(*comm, 0,
+                                  call_of(CollectiveKind::all_reduce,
+                                          test::make({rank() == holder ? nan : 1.0 * rank(), 1.0 * rank()}, dt), op));
+        REQUIRE_FALSE(o.error);
+        const auto v = test::values(o.result);
+        CHECK(std::isnan(v[0]));
+        CHECK(v[1] == (op == fl::ReduceOp::max ? procs() - 1.0 : 0.0));
+      }
+    }
+  }
 }
 
 TEST_CASE("world broadcast from every root, all_gather, reduce_scatter, barrier") {
   auto comm = world();
   for (int root = 0; root < procs(); ++root) {
     const Outcome o =
-        run_one(*comm, 0, call_of(CollectiveKind::broadcast, test::make({10.0 * rank(), 1.0}, fl::f64), fl::ReduceOp::sum, root));
+        run_one(*comm, 0,
+                call_of(CollectiveKind::broadcast, test::make({10.0 * rank(), 1.0}, fl::f64), fl::ReduceOp::sum, root));
     CHECK(expect(o, {10.0 * root, 1.0}, {2}));
   }
   {
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_gather, test::make({1.0 * rank(), -1.0 * rank()}, fl::Shape{1, 2}, fl::bf16)));
+    const Outcome o = run_one(
+        *comm, 0,
+        call_of(CollectiveKind::all_gather, test::make({1.0 * rank(), -1.0 * rank()}, fl::Shape{1, 2}, fl::bf16)));
     std::vector<double> want;
     for (int p = 0; p < procs(); ++p) want.insert(want.end(), {1.0 * p, -1.0 * p});
     CHECK(expect(o, want, {procs(), 2}));
@@ -194,7 +219,8 @@ TEST_CASE("world broadcast from every root, all_gather, reduce_scatter, barrier"
     // Rows of 2; process p holds k + 10 p at flat index k. The sum at k is P k + 10 (0 + 1 + ...).
     std::vector<double> in(static_cast<size_t>(4 * procs()));
     for (size_t k = 0; k < in.size(); ++k) in[k] = static_cast<double>(k) + 10.0 * rank();
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::reduce_scatter, test::make(in, fl::Shape{2 * procs(), 2}, dt)));
+    const Outcome o =
+        run_one(*comm, 0, call_of(CollectiveKind::reduce_scatter, test::make(in, fl::Shape{2 * procs(), 2}, dt)));
     const double offset = 10.0 * procs() * (procs() - 1) / 2;
     std::vector<double> want;
     for (int k = 4 * rank(); k < 4 * rank() + 4; ++k) want.push_back(procs() * k + offset);
@@ -203,6 +229,39 @@ TEST_CASE("world broadcast from every root, all_gather, reduce_scatter, barrier"
   const Outcome b = run_one(*comm, 0, call_of(CollectiveKind::barrier, fl::Tensor()));
   CHECK_FALSE(b.error);
   CHECK_FALSE(b.result.defined());
+}
+
+TEST_CASE("broadcast, all_gather and reduce_scatter in every dtype") {
+  auto comm = world();
+  for (fl::DType dt : test::kAllDTypes) {
+    CAPTURE(dt);
+    const int root = procs() - 1;
+    const Outcome b = run_one(
+        *comm, 0, call_of(CollectiveKind::broadcast, test::make(input_of(rank(), dt), dt), fl::ReduceOp::sum, root));
+    CHECK(expect(b, input_of(root, dt), {4}));
+    const Outcome g =
+        run_one(*comm, 0, call_of(CollectiveKind::all_gather, test::make(input_of(rank(), dt), fl::Shape{2, 2}, dt)));
+    std::vector<double> gathered;
+    for (int p = 0; p < procs(); ++p) {
+      const auto v = input_of(p, dt);
+      gathered.insert(gathered.end(), v.begin(), v.end());
+    }
+    CHECK(expect(g, gathered, {2 * procs(), 2}));
+    // reduce_scatter of [procs, 4]: process p's row k is input_of(p) + k; the max over processes.
+    std::vector<double> rows;
+    for (int k = 0; k < procs(); ++k) {
+      for (double v : input_of(rank(), dt)) rows.push_back(dt == fl::b8 ? v : v + k);
+    }
+    const Outcome r = run_one(
+        *comm, 0,
+        call_of(CollectiveKind::reduce_scatter, test::make(rows, fl::Shape{procs(), 4}, dt), fl::ReduceOp::max));
+    std::vector<double> want(4, -1e300);
+    for (int p = 0; p < procs(); ++p) {
+      const auto v = input_of(p, dt);
+      for (int k = 0; k < 4; ++k) want[k] = std::max(want[k], dt == fl::b8 ? v[k] : v[k] + rank());
+    }
+    CHECK(expect(r, want, {1, 4}));
+  }
 }
 
 TEST_CASE("results are bit-identical on every process") {
@@ -242,22 +301,27 @@ TEST_CASE("processes that disagree all fail with the same error, and the next ca
   const int last = procs() - 1;
   const std::string last_who = fmt::format("participant {}", last);
   {
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, fl::zeros(fl::Shape{rank() == last ? 3 : 2})));
+    const Outcome o =
+        run_one(*comm, 0, call_of(CollectiveKind::all_reduce, fl::zeros(fl::Shape{rank() == last ? 3 : 2})));
     test::check_op_throws<fl::ShapeError>("all_reduce", [&] { rethrow(o); },
                                           {"disagree on the shape", "participant 0 with [2]", last_who + " with [3]"});
   }
   {
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_gather, fl::zeros(fl::Shape{2}, rank() == last ? fl::i32 : fl::f32)));
-    test::check_op_throws<fl::DTypeError>("all_gather", [&] { rethrow(o); }, {"participant 0 with f32", last_who + " with i32"});
+    const Outcome o = run_one(
+        *comm, 0, call_of(CollectiveKind::all_gather, fl::zeros(fl::Shape{2}, rank() == last ? fl::i32 : fl::f32)));
+    test::check_op_throws<fl::DTypeError>("all_gather", [&] { rethrow(o); },
+                                          {"participant 0 with f32", last_who + " with i32"});
   }
   {
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, fl::zeros(fl::Shape{2}),
-                                                rank() == last ? fl::ReduceOp::min : fl::ReduceOp::mean));
+    const Outcome o = run_one(*comm, 0,
+                              call_of(CollectiveKind::all_reduce, fl::zeros(fl::Shape{2}),
+                                      rank() == last ? fl::ReduceOp::min : fl::ReduceOp::mean));
     test::check_op_throws<fl::InvalidArgument>("all_reduce", [&] { rethrow(o); }, {"reduction", "mean", "min"});
   }
   {
-    const Outcome o = run_one(*comm, 0, call_of(rank() == last ? CollectiveKind::broadcast : CollectiveKind::all_reduce,
-                                                fl::zeros(fl::Shape{2})));
+    const Outcome o = run_one(
+        *comm, 0,
+        call_of(rank() == last ? CollectiveKind::broadcast : CollectiveKind::all_reduce, fl::zeros(fl::Shape{2})));
     test::check_op_throws<fl::InvalidArgument>("all_reduce", [&] { rethrow(o); },
                                                {"disagree on the collective", last_who + " with broadcast"});
   }
@@ -273,9 +337,9 @@ TEST_CASE("a process that does not arrive: DeadlineExceeded names it; the commun
     const auto begin = std::chrono::steady_clock::now();
     const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make({1})));
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    test::check_op_throws<fl::DeadlineExceeded>("all_reduce", [&] { rethrow(o); },
-                                                {fmt::format("participants [{}] of communicator", last),
-                                                 "did not arrive within 1 s"});
+    test::check_op_throws<fl::DeadlineExceeded>(
+        "all_reduce", [&] { rethrow(o); },
+        {fmt::format("participants [{}] of communicator", last), "did not arrive within 1 s"});
     CHECK(waited >= 0.9);
     CHECK(waited < 10);
     const Outcome again = run_one(*comm, 0, call_of(CollectiveKind::barrier, fl::Tensor()));
@@ -289,6 +353,28 @@ TEST_CASE("a process that does not arrive: DeadlineExceeded names it; the commun
   // Everyone is back in step on the world communicator.
   const Outcome next = run_one(*world(), 0, call_of(CollectiveKind::all_reduce, test::make({2})));
   CHECK(expect(next, {2.0 * procs()}, {1}));
+}
+
+TEST_CASE("a data-only call a process does not make: the others time out, and the job still ends cleanly") {
+  ensure_devices();
+  auto comm = fl::detail::make_communicator({fl::Device("cpu:0")}, {.timeout_seconds = 1});
+  const Outcome first = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make({1})));
+  CHECK(expect(first, {1.0 * procs()}, {1}));
+  const int last = procs() - 1;
+  if (rank() != last) {
+    const Outcome o =
+        run_one(*comm, 0, call_of(CollectiveKind::all_reduce, test::make({1}), fl::ReduceOp::sum, 0, false));
+    // No header exchange: which process is missing is not known here, and the message says so.
+    test::check_op_throws<fl::DeadlineExceeded>("all_reduce", [&] { rethrow(o); },
+                                                {"did not complete within 1 s", "data-only"});
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // until the others timed out
+  }
+  // The others' MPI call stays pending (MPI cannot withdraw it): their communicator is kept, not
+  // freed, and MPI_Finalize at exit does not wait for it (this program's exit status shows it).
+  comm.reset();
+  const Outcome next = run_one(*world(), 0, call_of(CollectiveKind::barrier, fl::Tensor()));
+  CHECK_FALSE(next.error);
 }
 
 TEST_CASE("a process that destroyed its communicator: its peers fail at once, not at the timeout") {
@@ -315,15 +401,18 @@ TEST_CASE("a data-only call that fails inside one process: it fails there, the o
   ensure_devices();
   auto comm = fl::detail::make_communicator({fl::Device("cpu:0"), fl::Device("cpu:1")}, {.timeout_seconds = 2});
   auto on = [&](const fl::Tensor& t, int local) { return t.to(comm->device(local)); };
-  const auto first = run_local(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
+  const auto first =
+      run_local(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
   for (int l = 0; l < 2; ++l) CHECK(expect(first[l], {2.0 * procs()}, {1}));
   if (rank() == 0) {
     // Participant 1 of process 0 never makes call 1 (a data-only call).
-    const Outcome o = run_one(*comm, 0, call_of(CollectiveKind::all_reduce, on(test::make({1}), 0), fl::ReduceOp::sum, 0, false));
+    const Outcome o =
+        run_one(*comm, 0, call_of(CollectiveKind::all_reduce, on(test::make({1}), 0), fl::ReduceOp::sum, 0, false));
     test::check_op_throws<fl::DeadlineExceeded>("all_reduce", [&] { rethrow(o); },
                                                 {"participants [1] of communicator", "did not arrive within 2 s"});
     // Participant 1 comes late to that call: it is over.
-    const Outcome late = run_one(*comm, 1, call_of(CollectiveKind::all_reduce, on(test::make({1}), 1), fl::ReduceOp::sum, 0, false));
+    const Outcome late =
+        run_one(*comm, 1, call_of(CollectiveKind::all_reduce, on(test::make({1}), 1), fl::ReduceOp::sum, 0, false));
     test::check_throws<fl::DeadlineExceeded>([&] { rethrow(late); }, {"did not arrive"});
     // The call never reached the others, so this process's calls no longer line up with theirs:
     // the next call fails at once.
@@ -342,6 +431,24 @@ TEST_CASE("a data-only call that fails inside one process: it fails there, the o
   CHECK(expect(next, {3.0 * procs()}, {1}));
 }
 
+TEST_CASE("a done callback may drop the last reference to its communicator (on the progress thread)") {
+  ensure_devices();
+  auto comm = fl::detail::make_communicator({fl::Device("cpu:0")});
+  std::promise<double> got;
+  // start() hands the call to the progress thread, which runs the callback: the communicator is
+  // destroyed there, and the other processes' goodbyes still come in.
+  comm->start(0, call_of(CollectiveKind::all_reduce, test::make({2})), [&](fl::Tensor r, std::exception_ptr e) {
+    const double value = e ? -1.0 : test::values(r)[0];
+    comm.reset();
+    got.set_value(value);
+  });
+  auto future = got.get_future();
+  REQUIRE(future.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+  CHECK(future.get() == 2.0 * procs());
+  const Outcome next = run_one(*world(), 0, call_of(CollectiveKind::barrier, fl::Tensor()));
+  CHECK_FALSE(next.error);
+}
+
 TEST_CASE("make_communicator: every process must bring the same number of devices") {
   ensure_devices();
   std::vector<fl::Device> devices = {fl::Device("cpu:0")};
@@ -357,8 +464,7 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
   REQUIRE(n == 2 * procs());
   CHECK(comm->local_size() == 2);
   CHECK(comm->rank_of(1) == 2 * rank() + 1);
-  CHECK(comm->describe() ==
-        fmt::format("communicator of {} participants ({} processes x [cpu:0, cpu:1])", n, procs()));
+  CHECK(comm->describe() == fmt::format("communicator of {} participants ({} processes x [cpu:0, cpu:1])", n, procs()));
   auto on = [&](const fl::Tensor& t, int local) { return t.to(comm->device(local)); };
   SUBCASE("all_reduce sum and mean, with and without headers") {
     for (bool check : {true, false}) {
@@ -374,7 +480,8 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
       }
     }
     const auto mean = run_local(*comm, [&](int l) {
-      return call_of(CollectiveKind::all_reduce, on(test::make({1.0 * comm->rank_of(l)}, fl::bf16), l), fl::ReduceOp::mean);
+      return call_of(CollectiveKind::all_reduce, on(test::make({1.0 * comm->rank_of(l)}, fl::bf16), l),
+                     fl::ReduceOp::mean);
     });
     for (int l = 0; l < 2; ++l) CHECK(expect(mean[l], {test::round_to((n - 1) / 2.0, fl::bf16)}, {1}));
   }
@@ -416,7 +523,8 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
                                                    {"failed in process 0 (participants 0 .. 1)"});
       }
     }
-    const auto next = run_local(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
+    const auto next =
+        run_local(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
     for (int l = 0; l < 2; ++l) CHECK(expect(next[l], {1.0 * n}, {1}));
   }
   SUBCASE("a disagreement between processes names both") {
@@ -424,8 +532,9 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
       return call_of(CollectiveKind::all_gather, on(fl::zeros(fl::Shape{2}, rank() == 1 ? fl::f64 : fl::f32), l));
     });
     for (int l = 0; l < 2; ++l) {
-      test::check_op_throws<fl::DTypeError>("all_gather", [&] { rethrow(out[l]); },
-                                            {"process 0 (participants 0 .. 1) with f32", "process 1 (participants 2 .. 3) with f64"});
+      test::check_op_throws<fl::DTypeError>(
+          "all_gather", [&] { rethrow(out[l]); },
+          {"process 0 (participants 0 .. 1) with f32", "process 1 (participants 2 .. 3) with f64"});
     }
   }
   SUBCASE("many calls in flight keep their order") {
@@ -435,7 +544,8 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
     for (int l = 0; l < 2; ++l) {
       threads.emplace_back([&, l] {
         for (int k = 0; k < kCalls; ++k) {
-          comm->start(l, call_of(CollectiveKind::all_reduce, on(test::make({1.0 * k}), l), fl::ReduceOp::sum, 0, k == 0),
+          comm->start(l,
+                      call_of(CollectiveKind::all_reduce, on(test::make({1.0 * k}), l), fl::ReduceOp::sum, 0, k == 0),
                       [&, l, k](fl::Tensor r, std::exception_ptr e) {
                         if (e) {
                           results[l * kCalls + k].set_exception(e);
@@ -449,7 +559,8 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
     for (auto& t : threads) t.join();
     bool right = true;
     for (int l = 0; l < 2; ++l) {
-      for (int k = 0; k < kCalls; ++k) right = right && test::values(results[l * kCalls + k].get_future().get())[0] == 1.0 * k * n;
+      for (int k = 0; k < kCalls; ++k)
+        right = right && test::values(results[l * kCalls + k].get_future().get())[0] == 1.0 * k * n;
     }
     CHECK(right);
   }

@@ -11,10 +11,9 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <flowlet/flowlet.hpp>
 #include <stdexcept>
 #include <string>
-
-#include <flowlet/flowlet.hpp>
 
 #include "collective/communicator.hpp"
 

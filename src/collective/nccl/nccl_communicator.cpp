@@ -1,6 +1,7 @@
 #include "collective/nccl/nccl_communicator.hpp"
 
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 #include <nccl.h>
 
 #include <atomic>
@@ -11,13 +12,12 @@
 #include <mutex>
 #include <thread>
 
-#include <fmt/format.h>
-
 #include "collective/transport/backends.hpp"
 #include "collective/transport/call_header.hpp"
 #include "collective/transport/host_collective.hpp"
 #include "collective/transport/in_process.hpp"
 #include "collective/transport/local_exchange.hpp"
+#include "collective/transport/owned_thread.hpp"
 #include "collective/transport/reduction.hpp"
 #include "cuda/runtime.hpp"
 #include "flowlet/core/error.hpp"
@@ -36,7 +36,8 @@ constexpr uint8_t kFailedHere = 0xff;
 
 void check_nccl(ncclResult_t result, const char* what) {
   if (result != ncclSuccess && result != ncclInProgress) {
-    throw DeviceError(fmt::format("{}: NCCL failed: {} ({})", what, ncclGetErrorString(result), static_cast<int>(result)));
+    throw DeviceError(
+        fmt::format("{}: NCCL failed: {} ({})", what, ncclGetErrorString(result), static_cast<int>(result)));
   }
 }
 
@@ -154,11 +155,12 @@ class NcclCommunicator final : public Communicator {
       stopping_ = true;
     }
     wake_.notify_all();
-    if (progress_.joinable()) progress_.join();
+    join_or_release(progress_);
     // Calls whose local stage completed but that never ran: their participants hear of it.
     for (auto& [number, job] : jobs_) {
-      deliver(job.arrivals, {}, std::make_exception_ptr(Cancelled(fmt::format(
-                                   "collective: {} was destroyed before call {} ran", describe_, number))));
+      deliver(job.arrivals, {},
+              std::make_exception_ptr(
+                  Cancelled(fmt::format("collective: {} was destroyed before call {} ran", describe_, number))));
     }
     for (ncclComm_t comm : comms_) {
       if (comm == nullptr) continue;
@@ -217,6 +219,7 @@ class NcclCommunicator final : public Communicator {
         jobs_.erase(it);
         lock.unlock();
         run_job(job);
+        if (object_released_here()) return;  // a callback destroyed this communicator
         lock.lock();
         ++next_job_;
         continue;
@@ -298,7 +301,8 @@ class NcclCommunicator final : public Communicator {
       const char* name = collective_name(first.kind);
       switch (first.kind) {
         case CollectiveKind::all_reduce:
-          check_nccl(ncclAllReduce(in, out, count, nccl_type(dtype), nccl_op(dtype, first.op), comms_[l], stream), name);
+          check_nccl(ncclAllReduce(in, out, count, nccl_type(dtype), nccl_op(dtype, first.op), comms_[l], stream),
+                     name);
           break;
         case CollectiveKind::reduce_scatter:
           check_nccl(ncclReduceScatter(in, out, count / static_cast<size_t>(size()), nccl_type(dtype),
@@ -355,14 +359,15 @@ class NcclCommunicator final : public Communicator {
       try {
         std::vector<Tensor> keep_alive;
         results = issue(job, keep_alive);
-        const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                              std::chrono::duration<double>(timeout_seconds_));
+        const Clock::time_point deadline =
+            Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds_));
         if (!wait_for_streams(deadline)) {
           for (ncclComm_t comm : comms_) ncclCommAbort(comm);
           comms_.assign(comms_.size(), nullptr);
-          broken_ = fmt::format("an earlier call of {} timed out; a communicator whose call timed out cannot be used "
-                                "again",
-                                describe_);
+          broken_ = fmt::format(
+              "an earlier call of {} timed out; a communicator whose call timed out cannot be used "
+              "again",
+              describe_);
           throw DeadlineExceeded(fmt::format(
               "{}: the call on {} did not complete within {:g} s (NCCL does not say which participants did not "
               "arrive)",

@@ -22,6 +22,10 @@ bool mpi_built();
 // Whether MPI has been initialized in this process (a plain run never initializes it).
 bool mpi_started();
 
+// True on a thread inside Communicator::run: it waits for the call it starts, so a backend may do
+// the call's work on it instead of handing it to another thread.
+bool caller_waits();
+
 using GpuCommunicatorFactory = std::shared_ptr<Communicator> (*)(const std::vector<Device>& devices,
                                                                  double timeout_seconds);
 // Installs the GPU (NCCL) factory; called once, while the library loads.

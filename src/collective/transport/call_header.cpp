@@ -1,8 +1,8 @@
 #include "collective/transport/call_header.hpp"
 
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include <cstring>
 
 #include "flowlet/core/error.hpp"
 #include "flowlet/core/format.hpp"
@@ -28,9 +28,9 @@ bool same_shape(const CallHeader& a, const CallHeader& b) {
 template <class E>
 std::exception_ptr mismatch(const CallHeader& a, const char* what, const std::string& who_a, const std::string& value_a,
                             const std::string& who_b, const std::string& value_b) {
-  return std::make_exception_ptr(E(fmt::format("{}: participants disagree on the {}; got {} with {} and {} with {}",
-                                               collective_name(static_cast<CollectiveKind>(a.kind)), what, who_a,
-                                               value_a, who_b, value_b)));
+  return std::make_exception_ptr(
+      E(fmt::format("{}: participants disagree on the {}; got {} with {} and {} with {}",
+                    collective_name(static_cast<CollectiveKind>(a.kind)), what, who_a, value_a, who_b, value_b)));
 }
 
 }  // namespace
@@ -61,8 +61,8 @@ CallHeader make_header(const CollectiveCall& call) {
 std::exception_ptr header_mismatch(const CallHeader& a, const std::string& who_a, const CallHeader& b,
                                    const std::string& who_b) {
   if (a.kind != b.kind) {
-    return mismatch<InvalidArgument>(a, "collective", who_a, collective_name(static_cast<CollectiveKind>(a.kind)), who_b,
-                                     collective_name(static_cast<CollectiveKind>(b.kind)));
+    return mismatch<InvalidArgument>(a, "collective", who_a, collective_name(static_cast<CollectiveKind>(a.kind)),
+                                     who_b, collective_name(static_cast<CollectiveKind>(b.kind)));
   }
   if (a.op != b.op) {
     return mismatch<InvalidArgument>(a, "reduction", who_a, to_string(static_cast<ReduceOp>(a.op)), who_b,

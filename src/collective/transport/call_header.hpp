@@ -15,7 +15,7 @@ struct CallHeader {
   uint8_t kind = 0;
   uint8_t op = 0;
   uint8_t dtype = 0;
-  uint8_t rank = 0;                // dimensions (up to 255; beyond kInlineDims only their hash is kept)
+  uint8_t rank = 0;  // dimensions (up to 255; beyond kInlineDims only their hash is kept)
   int32_t root = 0;
   int64_t dims[kInlineDims] = {};  // the first kInlineDims dimensions
   uint64_t tail_hash = 0;          // the dimensions past kInlineDims

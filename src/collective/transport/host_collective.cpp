@@ -1,8 +1,8 @@
 #include "collective/transport/host_collective.hpp"
 
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include <cstring>
 
 #include "collective/transport/reduction.hpp"
 #include "flowlet/core/error.hpp"
@@ -13,7 +13,9 @@ namespace flowlet::detail {
 
 namespace {
 
-bool reduces(CollectiveKind kind) { return kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter; }
+bool reduces(CollectiveKind kind) {
+  return kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter;
+}
 
 size_t byte_count(int64_t elements, DType dtype) { return static_cast<size_t>(elements) * dtype_size(dtype); }
 
@@ -31,7 +33,9 @@ void copy_bytes(void* to, const void* from, size_t bytes) {
 }
 
 // Does finish() change anything, or is the wire buffer already the result?
-bool needs_finish(DType dtype, ReduceOp op) { return wire_dtype(dtype) != dtype || (op == ReduceOp::mean && dtype != b8); }
+bool needs_finish(DType dtype, ReduceOp op) {
+  return wire_dtype(dtype) != dtype || (op == ReduceOp::mean && dtype != b8);
+}
 
 }  // namespace
 
@@ -45,9 +49,10 @@ void prepare_call(CollectiveCall& call, int participants, int rank, Device expec
     throw InvalidArgument(fmt::format("{}: participant {} of {} passed an empty tensor handle", name, rank, describe));
   }
   if (call.input.is_symbolic()) {
-    throw InvalidArgument(fmt::format("{}: participant {} passed a symbolic tensor (a value a traced graph computes "
-                                      "later); the communicator needs its elements",
-                                      name, rank));
+    throw InvalidArgument(
+        fmt::format("{}: participant {} passed a symbolic tensor (a value a traced graph computes "
+                    "later); the communicator needs its elements",
+                    name, rank));
   }
   if (!(call.input.device() == expected)) {
     throw DeviceError(fmt::format("{}: participant {} of {} runs on {}; got a tensor on {}", name, rank, describe,
@@ -57,14 +62,15 @@ void prepare_call(CollectiveCall& call, int participants, int rank, Device expec
     throw InvalidArgument(fmt::format("{}: unknown reduction {}", name, static_cast<int>(call.op)));
   }
   if (call.kind == CollectiveKind::broadcast && (call.root < 0 || call.root >= participants)) {
-    throw InvalidArgument(fmt::format("broadcast: root {} is not a participant of {} (0 .. {})", call.root, describe,
-                                      participants - 1));
+    throw InvalidArgument(
+        fmt::format("broadcast: root {} is not a participant of {} (0 .. {})", call.root, describe, participants - 1));
   }
   if (call.kind == CollectiveKind::reduce_scatter &&
       (call.input.rank() == 0 || call.input.shape()[0] % participants != 0)) {
-    throw ShapeError(fmt::format("reduce_scatter: axis 0 must divide into {} equal parts (the participants of {}); got "
-                                 "shape {}",
-                                 participants, describe, call.input.shape()));
+    throw ShapeError(
+        fmt::format("reduce_scatter: axis 0 must divide into {} equal parts (the participants of {}); got "
+                    "shape {}",
+                    participants, describe, call.input.shape()));
   }
   if (!call.input.is_contiguous()) call.input = call.input.contiguous();
 }

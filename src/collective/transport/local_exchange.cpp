@@ -1,10 +1,11 @@
 #include "collective/transport/local_exchange.hpp"
 
-#include <cstdlib>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdlib>
+
+#include "collective/transport/owned_thread.hpp"
 #include "flowlet/core/error.hpp"
 #include "flowlet/core/format.hpp"
 
@@ -48,7 +49,7 @@ LocalExchange::~LocalExchange() {
     groups_.clear();
   }
   wake_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
+  join_or_release(watchdog_);
   for (auto& done : orphans) {
     done(Tensor(), std::make_exception_ptr(Cancelled(fmt::format(
                        "collective: {} was destroyed while the call waited for its other participants", describe_))));
@@ -158,10 +159,10 @@ void LocalExchange::watch() {
       for (size_t i = 0; i < group.arrived.size(); ++i) {
         if (!group.arrived[i]) missing.push_back(first_rank_ + static_cast<int>(i));
       }
-      group.error = std::make_exception_ptr(DeadlineExceeded(
-          fmt::format("{}: participants [{}] of {} did not arrive within {:g} s",
-                      collective_name(static_cast<CollectiveKind>(group.header.kind)), fmt::join(missing, ", "),
-                      describe_, timeout_seconds_)));
+      group.error = std::make_exception_ptr(
+          DeadlineExceeded(fmt::format("{}: participants [{}] of {} did not arrive within {:g} s",
+                                       collective_name(static_cast<CollectiveKind>(group.header.kind)),
+                                       fmt::join(missing, ", "), describe_, timeout_seconds_)));
       error = group.error;
       expired_number = number;
       expired_header = group.header;
@@ -173,8 +174,12 @@ void LocalExchange::watch() {
     }
     if (!expired.empty()) {
       lock.unlock();
-      for (auto& d : expired) d(Tensor(), error);
+      for (auto& d : expired) {
+        d(Tensor(), error);
+        if (object_released_here()) return;  // a callback destroyed this exchange's owner
+      }
       if (failed_) failed_(expired_number, expired_header, expired_check, error);
+      if (object_released_here()) return;
       lock.lock();
       continue;
     }

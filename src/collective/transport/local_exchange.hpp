@@ -33,8 +33,8 @@ class LocalExchange {
   // Called once for a group that failed here (its participants disagreed, or some did not arrive),
   // after its arrived participants got `error`: a cross-process backend must still tell the other
   // processes. `header` and `check_header` are the first participant's.
-  using Failed = std::function<void(uint64_t call_number, const CallHeader& header, bool check_header,
-                                    std::exception_ptr error)>;
+  using Failed =
+      std::function<void(uint64_t call_number, const CallHeader& header, bool check_header, std::exception_ptr error)>;
 
   // `first_rank`: the communicator-wide index of local participant 0 (for messages); `describe`:
   // the communicator's description.
@@ -55,13 +55,13 @@ class LocalExchange {
 
  private:
   struct Group {
-    std::vector<Arrival> arrivals;   // indexed by local participant; done empty until it arrives
+    std::vector<Arrival> arrivals;  // indexed by local participant; done empty until it arrives
     std::vector<bool> arrived;
     int count = 0;
-    int first = -1;                  // the first participant to arrive (headers are compared to it)
-    CallHeader header;               // the first participant's header
-    std::exception_ptr error;        // set once the group failed (mismatch, timeout)
-    bool check_header = true;        // the first participant's
+    int first = -1;            // the first participant to arrive (headers are compared to it)
+    CallHeader header;         // the first participant's header
+    std::exception_ptr error;  // set once the group failed (mismatch, timeout)
+    bool check_header = true;  // the first participant's
     std::chrono::steady_clock::time_point deadline;
   };
 

@@ -1,14 +1,15 @@
 #include "collective/transport/mpi_communicator.hpp"
 
-#include <climits>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <climits>
 
 #include "collective/transport/backends.hpp"
 #include "collective/transport/host_collective.hpp"
 #include "collective/transport/in_process.hpp"
 #include "collective/transport/mpi_runtime.hpp"
+#include "collective/transport/owned_thread.hpp"
 #include "collective/transport/reduction.hpp"
 #include "flowlet/core/error.hpp"
 #include "flowlet/core/format.hpp"
@@ -40,17 +41,50 @@ MPI_Datatype move_type(DType dtype) {
   }
 }
 
+// Floating max and min that propagate NaN, as the host reduction does (MPI_MAX's `a > b ? a : b`
+// would drop a NaN depending on its position).
+template <class T, bool kMax>
+void nan_max_min(void* in_raw, void* inout_raw, int* count, MPI_Datatype*) {
+  const auto* in = static_cast<const T*>(in_raw);
+  auto* inout = static_cast<T*>(inout_raw);
+  for (int i = 0; i < *count; ++i) {
+    const T a = in[i];
+    const T b = inout[i];
+    if (a != a || b != b) {
+      inout[i] = a + b;
+    } else {
+      inout[i] = kMax ? (a < b ? b : a) : (b < a ? b : a);
+    }
+  }
+}
+
+// Made once, after MPI started; kept until MPI_Finalize frees them.
+struct FloatingOps {
+  MPI_Op max_f32, min_f32, max_f64, min_f64;
+  FloatingOps() {
+    MPI_Op_create(&nan_max_min<float, true>, 1, &max_f32);
+    MPI_Op_create(&nan_max_min<float, false>, 1, &min_f32);
+    MPI_Op_create(&nan_max_min<double, true>, 1, &max_f64);
+    MPI_Op_create(&nan_max_min<double, false>, 1, &min_f64);
+  }
+};
+const FloatingOps& floating_ops() {
+  static const FloatingOps* ops = new FloatingOps;
+  return *ops;
+}
+
 // The MPI type and op that reduce wire buffers of `dtype` (reduction.hpp): integer sums on the
 // unsigned type, where wrapping is defined.
 std::pair<MPI_Datatype, MPI_Op> reduce_type(DType dtype, ReduceOp op) {
   const ReduceOp combine = wire_op(dtype, op);
   const MPI_Op mpi_op = combine == ReduceOp::sum ? MPI_SUM : (combine == ReduceOp::max ? MPI_MAX : MPI_MIN);
   const bool sum = combine == ReduceOp::sum;
+  const bool max = combine == ReduceOp::max;
   switch (wire_dtype(dtype)) {
     case DType::f32:
-      return {MPI_FLOAT, mpi_op};
+      return {MPI_FLOAT, sum ? MPI_SUM : (max ? floating_ops().max_f32 : floating_ops().min_f32)};
     case DType::f64:
-      return {MPI_DOUBLE, mpi_op};
+      return {MPI_DOUBLE, sum ? MPI_SUM : (max ? floating_ops().max_f64 : floating_ops().min_f64)};
     case DType::i32:
       return {sum ? MPI_UINT32_T : MPI_INT32_T, mpi_op};
     case DType::i64:
@@ -97,7 +131,16 @@ MpiCommunicator::MpiCommunicator(std::vector<Device> devices, double timeout_sec
             const int root_local =
                 first.kind == CollectiveKind::broadcast && root_process == rank_ ? first.root % local_size() : -1;
             try {
-              job.wire = combine_local(arrivals, size(), root_local);
+              // One participant whose dtype travels as it is: MPI reads its input directly (out of
+              // place), saving the copy into a wire buffer.
+              const bool reduces =
+                  first.kind == CollectiveKind::all_reduce || first.kind == CollectiveKind::reduce_scatter;
+              if (arrivals.size() == 1 && reduces && wire_dtype(first.input.dtype()) == first.input.dtype()) {
+                job.wire = first.input;
+                job.wire_is_input = true;
+              } else {
+                job.wire = combine_local(arrivals, size(), root_local);
+              }
             } catch (...) {  // out of memory for the wire buffer: the call fails here, and the peers learn it
               deliver(arrivals, {}, std::current_exception());
               job.failed_here = true;
@@ -140,9 +183,10 @@ MpiCommunicator::MpiCommunicator(std::vector<Device> devices, double timeout_sec
   for (int p = 1; p < processes_; ++p) {
     if (counts[static_cast<size_t>(p)] != counts[0]) {  // the same message on every process
       MPI_Comm_free(&comm_);
-      throw InvalidArgument(fmt::format("make_communicator: every process must pass the same number of local devices; "
-                                        "got {} on process 0 and {} on process {}",
-                                        counts[0], counts[static_cast<size_t>(p)], p));
+      throw InvalidArgument(
+          fmt::format("make_communicator: every process must pass the same number of local devices; "
+                      "got {} on process 0 and {} on process {}",
+                      counts[0], counts[static_cast<size_t>(p)], p));
     }
   }
 
@@ -168,41 +212,66 @@ Device MpiCommunicator::device(int local) const {
 void MpiCommunicator::start(int local, CollectiveCall call, CollectiveDone done) {
   check_local_index(*this, local);
   if (shut_down_.load()) {
-    throw InvalidArgument(fmt::format("{}: {} was shut down (MPI ended at exit)", collective_name(call.kind), describe_));
+    throw InvalidArgument(
+        fmt::format("{}: {} was shut down (MPI ended at exit)", collective_name(call.kind), describe_));
   }
   prepare_call(call, size(), rank_of(local), devices_[static_cast<size_t>(local)], describe_);
   if (call.input.defined() && call.input.numel() > INT_MAX / size()) {
-    throw InvalidArgument(fmt::format("{}: {} elements per participant are more than one MPI call moves over {} "
-                                      "participants (MPI counts are int); got shape {}",
-                                      collective_name(call.kind), call.input.numel(), size(), call.input.shape()));
+    throw InvalidArgument(
+        fmt::format("{}: {} elements per participant are more than one MPI call moves over {} "
+                    "participants (MPI counts are int); got shape {}",
+                    collective_name(call.kind), call.input.numel(), size(), call.input.shape()));
   }
   exchange_.arrive(local, std::move(call), std::move(done));
 }
 
 void MpiCommunicator::enqueue(Job job) {
-  {
-    std::lock_guard lock(mutex_);
-    const uint64_t number = job.number;
-    jobs_.emplace(number, std::move(job));
-    ++in_flight_;
-    if (!progress_sleeping_) return;  // it is spinning for work and will see this job
+  std::unique_lock lock(mutex_);
+  const uint64_t number = job.number;
+  ++in_flight_;
+  if (caller_waits() && !busy_ && number == next_job_ && jobs_.empty()) {
+    // The thread completing this call is about to wait for it (Communicator::run) and nothing is
+    // ahead of it: it makes the MPI calls itself, saving two thread hand-offs. The progress thread
+    // leaves the calls alone meanwhile (busy_).
+    busy_ = true;
+    lock.unlock();
+    Delivery delivery = run_job(job);
+    lock.lock();
+    finish_job_locked(lock);  // unlocks
+    deliver(delivery.arrivals, std::move(delivery.results), delivery.error);
+    return;
   }
+  jobs_.emplace(number, std::move(job));
+  if (!progress_sleeping_) return;  // it is running a call and looks for the next one after
+  lock.unlock();
   wake_.notify_all();
+}
+
+void MpiCommunicator::finish_job_locked(std::unique_lock<std::mutex>& lock) {
+  // The MPI part of the call is over: the next call may start (on the progress thread, or on a
+  // thread that a done callback below makes wait for one) while this one's results are handed out.
+  busy_ = false;
+  ++next_job_;
+  const bool wake = !jobs_.empty() && progress_sleeping_;
+  lock.unlock();
+  if (wake) wake_.notify_all();
 }
 
 void MpiCommunicator::progress() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    auto it = jobs_.find(next_job_);
+    auto it = busy_ ? jobs_.end() : jobs_.find(next_job_);
     if (it != jobs_.end()) {
       Job job = std::move(it->second);
       jobs_.erase(it);
       busy_ = true;
       lock.unlock();
-      run_job(job);
+      Delivery delivery = run_job(job);
       lock.lock();
-      busy_ = false;
-      ++next_job_;
+      finish_job_locked(lock);
+      deliver(delivery.arrivals, std::move(delivery.results), delivery.error);
+      if (object_released_here()) return;  // a callback destroyed this communicator
+      lock.lock();
       continue;
     }
     if (stopping_) return;
@@ -227,8 +296,9 @@ std::string MpiCommunicator::participants_of(const std::vector<int>& processes) 
   return fmt::format("participants [{}] (processes [{}])", fmt::join(participants, ", "), fmt::join(processes, ", "));
 }
 
-void MpiCommunicator::run_job(Job& job) {
-  const char* name = job.header.kind == kFailedHere ? "collective" : collective_name(static_cast<CollectiveKind>(job.header.kind));
+MpiCommunicator::Delivery MpiCommunicator::run_job(Job& job) {
+  const char* name =
+      job.header.kind == kFailedHere ? "collective" : collective_name(static_cast<CollectiveKind>(job.header.kind));
   std::exception_ptr error;
   Tensor global;
   if (!broken_.empty()) {
@@ -241,16 +311,17 @@ void MpiCommunicator::run_job(Job& job) {
     // communicator, as its goodbye counts only the calls it took part in), and this process's
     // later calls fail at once, since its calls no longer line up with theirs.
     skipped_call_ = std::min(skipped_call_, job.number);
-    broken_ = fmt::format("call {} failed in this process on a call that exchanges no header, so the other "
-                          "processes could not be told; {} cannot be used again",
-                          job.number, describe_);
+    broken_ = fmt::format(
+        "call {} failed in this process on a call that exchanges no header, so the other "
+        "processes could not be told; {} cannot be used again",
+        job.number, describe_);
   } else {
     if (job.check_header || job.failed_here) error = exchange_headers(job);
     if (error == nullptr && !job.failed_here) error = exchange_data(job, global);
   }
   if (job.failed_here) {  // its participants got this process's own error already
     --in_flight_;
-    return;
+    return {};
   }
   std::vector<Tensor> results;
   if (error == nullptr) {
@@ -263,7 +334,7 @@ void MpiCommunicator::run_job(Job& job) {
   // Over for this process before anyone hears of it: a participant may destroy the communicator
   // as soon as its done ran.
   --in_flight_;
-  deliver(job.arrivals, std::move(results), error);
+  return Delivery{std::move(job.arrivals), std::move(results), error};
 }
 
 std::exception_ptr MpiCommunicator::exchange_headers(const Job& job) {
@@ -371,8 +442,13 @@ std::exception_ptr MpiCommunicator::exchange_data(const Job& job, Tensor& global
   switch (first.kind) {
     case CollectiveKind::all_reduce: {
       const auto [type, op] = reduce_type(dtype, first.op);
-      global = job.wire;
-      MPI_Iallreduce(MPI_IN_PLACE, global.raw_data(), mpi_count(n), type, op, comm_, &request);
+      if (job.wire_is_input) {
+        global = Tensor::empty(Shape{n}, dtype, devices_[0]);
+        MPI_Iallreduce(job.wire.raw_data(), global.raw_data(), mpi_count(n), type, op, comm_, &request);
+      } else {
+        global = job.wire;
+        MPI_Iallreduce(MPI_IN_PLACE, global.raw_data(), mpi_count(n), type, op, comm_, &request);
+      }
       break;
     }
     case CollectiveKind::reduce_scatter: {
@@ -500,7 +576,7 @@ void MpiCommunicator::begin_shut_down() {
     abort_job(fmt::format("{} was destroyed while a call was in flight; its peers would wait for it", describe_));
   }
   wake_.notify_all();
-  if (progress_.joinable()) progress_.join();
+  join_or_release(progress_);
   if (!mpi_usable() || comm_ == MPI_COMM_NULL) return;
   // Tell every peer how many calls this process completed, so that a peer waiting for a later one
   // fails at once instead of at its timeout.
@@ -524,9 +600,8 @@ void MpiCommunicator::end_shut_down() {
   // context and break its message order. Otherwise the communicator is kept (not freed) until
   // MPI_Finalize, which keeps its context from being reused. Peers normally end together; the wait
   // is bounded so that processes destroying communicators in different orders cannot deadlock.
-  const Clock::time_point until =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                         std::min(timeout_seconds_, 10.0)));
+  const Clock::time_point until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double>(std::min(timeout_seconds_, 10.0)));
   bool all_in = false;
   for (;;) {
     poll_goodbyes();

@@ -1,7 +1,8 @@
 // The MPI backend: CPU participants in several processes. Each communicator owns a duplicate of
 // MPI_COMM_WORLD (made collectively, in make_communicator call order) and one progress thread that
 // issues the nonblocking MPI calls in call order and polls them against the deadline, so no
-// executor thread ever waits inside MPI.
+// executor thread ever waits inside MPI. (A thread inside Communicator::run, which waits anyway,
+// makes the calls itself when nothing is queued ahead of its call.)
 //
 // A call is hierarchical: the process's participants meet in a LocalExchange (which compares their
 // headers on every call) and the last to arrive combines their inputs into one wire buffer
@@ -26,8 +27,6 @@
 // completed; a peer waiting for a later call fails it at once instead of waiting for its timeout.
 #pragma once
 
-#include "collective/transport/mpi_include.hpp"
-
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -40,6 +39,7 @@
 
 #include "collective/communicator.hpp"
 #include "collective/transport/local_exchange.hpp"
+#include "collective/transport/mpi_include.hpp"
 
 namespace flowlet::detail {
 
@@ -66,11 +66,12 @@ class MpiCommunicator final : public Communicator {
  private:
   struct Job {
     uint64_t number = 0;
-    std::vector<Arrival> arrivals;   // empty when the call failed in this process
+    std::vector<Arrival> arrivals;  // empty when the call failed in this process
     CallHeader header;
     bool check_header = true;
     bool failed_here = false;
-    Tensor wire;                     // this process's combined input
+    Tensor wire;                 // this process's combined input
+    bool wire_is_input = false;  // `wire` is the one participant's input: read it, never write it
   };
   enum class Wait { done, timed_out, peer_left };
   // What the header exchange sends: the header, stamped with the communicator and the call.
@@ -80,9 +81,17 @@ class MpiCommunicator final : public Communicator {
     CallHeader header;
   };
 
+  // A call's outcome, handed to its participants once the communicator is free for the next call.
+  struct Delivery {
+    std::vector<Arrival> arrivals;
+    std::vector<Tensor> results;
+    std::exception_ptr error;
+  };
+
   void enqueue(Job job);
   void progress();
-  void run_job(Job& job);
+  Delivery run_job(Job& job);
+  void finish_job_locked(std::unique_lock<std::mutex>& lock);
   std::exception_ptr exchange_headers(const Job& job);
   std::exception_ptr exchange_data(const Job& job, Tensor& global);
   Wait wait_for(std::vector<MPI_Request>& requests, std::chrono::steady_clock::time_point deadline, uint64_t number);
@@ -105,9 +114,9 @@ class MpiCommunicator final : public Communicator {
   std::condition_variable wake_;
   std::map<uint64_t, Job> jobs_;  // complete local stages waiting for the progress thread
   uint64_t next_job_ = 0;
-  bool busy_ = false;
+  bool busy_ = false;  // a thread (the progress thread, or a caller of run()) is making this communicator's MPI calls
   bool progress_sleeping_ = false;  // waiting on wake_: enqueue() must notify
-  std::atomic<int> in_flight_{0};  // calls enqueued whose participants have not all been answered
+  std::atomic<int> in_flight_{0};   // calls enqueued whose participants have not all been answered
   bool stopping_ = false;
   std::thread progress_;
   std::atomic<bool> shut_down_{false};
@@ -124,7 +133,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::unique_ptr<HeaderMessage>> abandoned_headers_;  // buffers of sends given up on a timeout
   uint64_t goodbye_[2] = {};
   std::vector<MPI_Request> goodbye_sends_;
-  bool saying_goodbye_ = false;                                    // what shut_down() sends: serial, calls done
+  bool saying_goodbye_ = false;  // what shut_down() sends: serial, calls done
 
   LocalExchange exchange_;  // last: its callbacks use everything above
 };

@@ -3,7 +3,9 @@
 // Start: MPI is initialized (MPI_Init_thread, MPI_THREAD_MULTIPLE required: every cross-process
 // communicator has its own progress thread) by the first communicator that spans more than one
 // process, never before: a plain run, or a 1-process launch, never touches MPI. A program that
-// initialized MPI itself keeps it; flowlet then neither initializes nor finalizes it.
+// initialized MPI itself keeps it; flowlet then neither initializes nor finalizes it. When flowlet
+// starts Open MPI it selects libnbc's ring algorithm for MPI_Iallreduce (setting
+// OMPI_MCA_coll_libnbc_iallreduce_algorithm=1 unless already set): measured faster than the default.
 //
 // End: when flowlet initialized MPI it installs, at that moment, an exit handler (std::atexit) that
 // shuts down every cross-process communicator still alive (the world communicator is one: it lives

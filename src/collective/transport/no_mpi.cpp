@@ -12,9 +12,10 @@ bool mpi_started() { return false; }
 
 std::shared_ptr<Communicator> make_mpi_communicator(const std::vector<Device>&, double) {
   const ProcessPlacement& placement = process_placement();
-  throw InvalidArgument(fmt::format("make_communicator: this is process {} of {} ({}), and this build of flowlet has "
-                                    "no MPI backend to reach the others (configure with -Dmpi=enabled)",
-                                    placement.index, placement.count, placement.source));
+  throw InvalidArgument(
+      fmt::format("make_communicator: this is process {} of {} ({}), and this build of flowlet has "
+                  "no MPI backend to reach the others (configure with -Dmpi=enabled)",
+                  placement.index, placement.count, placement.source));
 }
 
 }  // namespace flowlet::detail

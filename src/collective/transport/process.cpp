@@ -1,9 +1,9 @@
 #include "collective/transport/process.hpp"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <optional>
-
-#include <fmt/format.h>
 
 #include "flowlet/collective.hpp"
 #include "flowlet/core/error.hpp"
@@ -18,7 +18,8 @@ std::optional<int> read_int(const char* name) {
   char* end = nullptr;
   const long value = std::strtol(text, &end, 10);
   if (*end != '\0' || value < 0 || value > (1 << 30)) {
-    throw InvalidArgument(fmt::format("process_index: the launcher's {} is not a process number; got '{}'", name, text));
+    throw InvalidArgument(
+        fmt::format("process_index: the launcher's {} is not a process number; got '{}'", name, text));
   }
   return static_cast<int>(value);
 }
@@ -36,26 +37,27 @@ constexpr Launcher kLaunchers[] = {
     {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
 };
 
-ProcessPlacement read_placement() {
+}  // namespace
+
+ProcessPlacement placement_from_environment() {
   for (const Launcher& launcher : kLaunchers) {
     const auto rank = read_int(launcher.rank);
     const auto size = read_int(launcher.size);
     if (!rank || !size) continue;
     const auto local = read_int(launcher.local_rank);
     if (*size < 1 || *rank >= *size) {
-      throw InvalidArgument(fmt::format("process_index: {} says process {} of {} ({}, {}); that is not a process of "
-                                        "the job",
-                                        launcher.name, *rank, *size, launcher.rank, launcher.size));
+      throw InvalidArgument(
+          fmt::format("process_index: {} says process {} of {} ({}, {}); that is not a process of "
+                      "the job",
+                      launcher.name, *rank, *size, launcher.rank, launcher.size));
     }
     return ProcessPlacement{*rank, *size, local.value_or(0), launcher.name};
   }
   return ProcessPlacement{0, 1, 0, "none"};
 }
 
-}  // namespace
-
 const ProcessPlacement& process_placement() {
-  static const ProcessPlacement placement = read_placement();
+  static const ProcessPlacement placement = placement_from_environment();
   return placement;
 }
 

@@ -18,4 +18,7 @@ struct ProcessPlacement {
 // wins. InvalidArgument when the variables are there but not a consistent placement.
 const ProcessPlacement& process_placement();
 
+// The same, read from the environment now (not cached): for tests.
+ProcessPlacement placement_from_environment();
+
 }  // namespace flowlet::detail

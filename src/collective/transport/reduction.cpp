@@ -84,9 +84,8 @@ template <class T>
 void accumulate_typed(ReduceOp op, const std::vector<const void*>& inputs, void* out_raw, int64_t count) {
   auto* out = static_cast<Wire<T>*>(out_raw);
   auto run = [&](auto combine) {
-    parallel_for(count, kParallelGrain, [&](int64_t begin, int64_t end) {
-      accumulate_range<T>(combine, inputs, out, begin, end);
-    });
+    parallel_for(count, kParallelGrain,
+                 [&](int64_t begin, int64_t end) { accumulate_range<T>(combine, inputs, out, begin, end); });
   };
   if constexpr (std::is_same_v<T, bool>) {
     if (op == ReduceOp::min || op == ReduceOp::mean) {
@@ -146,16 +145,16 @@ ReduceOp wire_op(DType dtype, ReduceOp op) {
 
 void accumulate(DType dtype, ReduceOp op, const std::vector<const void*>& inputs, void* out, int64_t count) {
   if (count == 0 || inputs.empty()) return;
-  visit_dtype<kAll>(dtype, [&](auto tag) {
-    accumulate_typed<typename decltype(tag)::type>(op, inputs, out, count);
-  }, "collective reduction");
+  visit_dtype<kAll>(
+      dtype, [&](auto tag) { accumulate_typed<typename decltype(tag)::type>(op, inputs, out, count); },
+      "collective reduction");
 }
 
 void finish(DType dtype, ReduceOp op, int participants, const void* wire, void* out, int64_t count) {
   if (count == 0) return;
-  visit_dtype<kAll>(dtype, [&](auto tag) {
-    finish_typed<typename decltype(tag)::type>(op, participants, wire, out, count);
-  }, "collective reduction");
+  visit_dtype<kAll>(
+      dtype, [&](auto tag) { finish_typed<typename decltype(tag)::type>(op, participants, wire, out, count); },
+      "collective reduction");
 }
 
 }  // namespace flowlet::detail
