@@ -508,6 +508,43 @@ TEST_CASE("all_reduce max: tied participants share the summed gradient evenly") 
   test::check_tensor(grads[2], {3, 0}, fl::Shape{2}, fl::f64);
 }
 
+TEST_CASE("second derivatives through a collective: nested tapes") {
+  // y = all_reduce(x * x) on each of 2 participants, L = sum_p sum(y * w_p): dL/dx_r = 2 x_r W with
+  // W = w_0 + w_1. Then M = sum_r sum(dL/dx_r * v_r) gives dM/dx_r = 2 W v_r.
+  const Group g = make_group(2);
+  auto weights = [](int p) { return test::make({1.0 + p, -2.0 * p, 0.5}, fl::Shape{3}, fl::f64); };
+  auto probes = [](int p) { return test::make({3.0, 1.0 - p, -1.0}, fl::Shape{3}, fl::f64); };
+  const auto outcomes = run_spmd(g, [&](int p) {
+    const fl::Device here = g.device(p);
+    const fl::Tensor x = test::make({0.5, -1.5 + p, 2.0}, fl::Shape{3}, fl::f64).to(here);
+    fl::GradientTape outer;
+    outer.watch(x);
+    fl::Tensor first;
+    {
+      fl::GradientTape inner;
+      inner.watch(x);
+      const fl::Tensor loss = fl::sum(fl::all_reduce(x * x) * weights(p).to(here));
+      first = inner.gradient(loss, {x})[0];
+    }
+    const fl::Tensor second = outer.gradient(fl::sum(first * probes(p).to(here)), {x})[0];
+    return fl::concat({first, second}, 0);
+  });
+  const std::vector<double> w_total = {1 + 2, 0 - 2, 0.5 + 0.5};
+  for (int p = 0; p < 2; ++p) {
+    CAPTURE(p);
+    const std::vector<double> x = {0.5, -1.5 + p, 2.0};
+    const std::vector<double> v = test::values(probes(p));
+    std::vector<double> want;
+    for (size_t i = 0; i < 3; ++i) want.push_back(2 * x[i] * w_total[i]);
+    for (size_t i = 0; i < 3; ++i) want.push_back(2 * w_total[i] * v[i]);
+    if (outcomes[static_cast<size_t>(p)].error) {
+      FAIL_CHECK(describe_error(outcomes[static_cast<size_t>(p)].error));
+      continue;
+    }
+    test::check_tensor(outcomes[static_cast<size_t>(p)].value, want, fl::Shape{6}, fl::f64);
+  }
+}
+
 TEST_CASE("a traced training step differentiates through its collectives like the eager one") {
   const Group g = make_group(2);
   auto step = [](const fl::Tensor& x) {

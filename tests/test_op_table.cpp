@@ -319,9 +319,6 @@ bool random_properties(const fl::Tensor& got, const Case& c, fl::DType dt, uint6
 }
 
 // ---------------------------------------------------------------------------------------------
-// The table
-
-// ---------------------------------------------------------------------------------------------
 // Collectives over one participant: the world's in a plain run (on cpu:0), or for inputs on another
 // device a one-participant communicator there (the world's participant lives on the default
 // device). Each is then the identity, except that all_gather turns a scalar into [1] and
@@ -371,6 +368,8 @@ Row collective_row(std::string name, std::function<fl::Tensor(const fl::Tensor&,
   return row;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The table
 
 std::vector<Row> build_table() {
   std::vector<Row> rows;
