@@ -220,6 +220,14 @@ TEST_CASE("run() traces fn once per replica and signature, and reuses the traces
     CHECK(test::values(scaled_out[0]) == std::vector<double>{static_cast<double>(k)});
     CHECK(test::values(scaled_out[1]) == std::vector<double>{static_cast<double>(k)});
   }
+  // The same with a captured tensor (not trivially copyable): each tensor gets its own traces.
+  for (int k = 1; k <= 3; ++k) {
+    const fl::Tensor offset = fl::full({1}, static_cast<double>(k), fl::f32);
+    auto shifted = [offset](fl::Tensor x) { return x + offset; };
+    const std::vector<fl::Tensor> shifted_out = dp.run(shifted, fl::ones({2, 1}));
+    CHECK(test::values(shifted_out[0]) == std::vector<double>{1.0 + k});
+    CHECK(test::values(shifted_out[1]) == std::vector<double>{1.0 + k});
+  }
 }
 
 TEST_CASE("20 SGD steps (momentum) on 2 and 4 replicas equal one device on the full batch; replicas stay identical") {

@@ -41,7 +41,7 @@
 // replica (under a DeviceScope of the replica's device) and each replica's graph runs on its own
 // persistent thread; run() returns fn's results for the local replicas, in local order. Traces are
 // kept for later calls with a callable of the same type and the same captured bytes (capture what
-// changes between steps by reference, or it traces again). An exception in any replica is rethrown
+// changes between steps, and anything that owns memory, by reference, or it traces again). An exception in any replica is rethrown
 // after every replica has finished: replicas waiting in a collective for the failed one fail by
 // the collective timeout (MirroredOptions::collective_timeout_seconds), never hang. A replica whose
 // trace fails stops every local replica before any runs. After a step that failed while running,
@@ -88,8 +88,11 @@ namespace detail {
 
 class MirroredCore;
 
-// Which traces a call reuses: the callable's type, and its bytes when it is trivially copyable
-// (lambdas capturing by reference), so a lambda whose captured values changed traces anew.
+// Which traces a call reuses: the callable's type and its bytes (what a lambda captures: the
+// addresses of what it captures by reference, the bytes of what it captures by value), so a lambda
+// whose captured values changed traces anew instead of running a graph with the old values baked
+// in. A captured object that owns memory (a std::vector, a std::string) has new bytes in every copy
+// of the lambda, so it traces again each time: capture such things by reference.
 struct FunctionKey {
   const std::type_info* type = nullptr;
   std::string bytes;
@@ -99,7 +102,7 @@ struct FunctionKey {
 template <class Fn>
 FunctionKey function_key(const Fn& fn) {
   FunctionKey key{&typeid(Fn), {}};
-  if constexpr (std::is_trivially_copyable_v<Fn> && !std::is_empty_v<Fn>) {
+  if constexpr (!std::is_empty_v<Fn>) {
     key.bytes.assign(reinterpret_cast<const char*>(std::addressof(fn)), sizeof(Fn));
   }
   return key;
