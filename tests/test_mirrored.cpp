@@ -568,3 +568,42 @@ TEST_CASE("f32 and f64 variables in one model: a bucket per dtype, training equa
   CHECK(test::check_values(got32, want32, test::Tolerance{2e-5, 2e-5}));
   CHECK(test::check_values(got64, want64, test::Tolerance{1e-10, 1e-10}));
 }
+
+TEST_CASE("a new model made in scope() is traced anew, even by a step lambda at the same address") {
+  ensure_devices();
+  fl::MirroredStrategy dp(first_devices(2), quick_options());
+  const auto [want_params, want_losses] = single_device(fl::optim::SGD(0.1, 0.9), 3, 8);
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    // Each round's model, optimizer and lambda are new objects, most likely at the last round's
+    // addresses: the lambda's bytes repeat, and only the new variables tell the rounds apart.
+    fl::nn::Sequential model;
+    {
+      auto scope = dp.scope();
+      build_mlp(model);
+    }
+    fl::optim::SGD sgd(0.1, 0.9);  // momentum: slots that must start at zero each round
+    auto step = make_step(model, sgd);
+    for (int k = 0; k < 3; ++k) {
+      auto [x, y] = batch(k, 8);
+      (void)dp.run(step, x, y);
+    }
+    std::vector<std::vector<double>> params;
+    for (const fl::Variable& v : model.parameters()) params.push_back(test::values(v.value()));
+    check_close(params, want_params);
+    CHECK(sgd.iterations().value().item<int64_t>() == 3);
+  }
+  // A new optimizer for the same model (most likely at the old one's address) is used too.
+  fl::nn::Sequential model;
+  {
+    auto scope = dp.scope();
+    build_mlp(model);
+  }
+  for (int round = 0; round < 2; ++round) {
+    fl::optim::SGD sgd(0.1, 0.9);
+    auto step = make_step(model, sgd);
+    auto [x, y] = batch(round, 8);
+    (void)dp.run(step, x, y);
+    CHECK(sgd.iterations().value().item<int64_t>() == 1);
+  }
+}

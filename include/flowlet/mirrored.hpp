@@ -41,7 +41,9 @@
 // replica (under a DeviceScope of the replica's device) and each replica's graph runs on its own
 // persistent thread; run() returns fn's results for the local replicas, in local order. Traces are
 // kept for later calls with a callable of the same type and the same captured bytes (capture what
-// changes between steps, and anything that owns memory, by reference, or it traces again). An exception in any replica is rethrown
+// changes between steps, and anything that owns memory, by reference, or it traces again). Making
+// new mirrored variables (a new model in scope()) drops the traces, so a step lambda whose bytes
+// repeat (a new lambda capturing a new model at the old one's address) never runs the old model. An exception in any replica is rethrown
 // after every replica has finished: replicas waiting in a collective for the failed one fail by
 // the collective timeout (MirroredOptions::collective_timeout_seconds), never hang. A replica whose
 // trace fails stops every local replica before any runs. After a step that failed while running,

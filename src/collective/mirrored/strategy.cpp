@@ -140,10 +140,14 @@ void MirroredCore::recover_from_failed_step() {
   // The replicas' collective calls may be out of step (a replica failed before a collective its
   // peers made): a new communicator starts them all from call 0, and the traces, which name the old
   // one in their collective nodes, are made again on the next run().
+  drop_traces();
+  connect();
+}
+
+void MirroredCore::drop_traces() {
   last_function = nullptr;
   last_graphs.assign(last_graphs.size(), nullptr);
   functions.clear();
-  connect();
 }
 
 MirroredFunction& MirroredCore::function(const FunctionKey& key) {
@@ -253,6 +257,11 @@ std::vector<std::vector<Tensor>> run_mirrored(MirroredCore& core, const Function
                           "the replicas' collectives out of step; end the job (or restart it from a checkpoint)",
                           core.communicator->processes());
   }
+  if (const uint64_t made = core.variables_made; made != core.variables_traced) {
+    // New mirrored variables (a new model, most likely): the traces captured the old ones.
+    core.drop_traces();
+    core.variables_traced = made;
+  }
   MirroredFunction& function = core.function(key);
   core.last_function = &function;
   core.last_graphs.assign(static_cast<size_t>(core.local_size()), nullptr);
@@ -338,6 +347,7 @@ MirroredStrategy::MirroredStrategy(std::vector<Device> local_devices, MirroredOp
     if (auto alive = weak.lock()) {
       std::lock_guard lock(alive->variables_mutex_);
       alive->variables_.push_back(state);
+      ++alive->variables_made;
     }
   };
 }
