@@ -85,9 +85,8 @@ std::pair<std::vector<std::vector<double>>, std::vector<double>> single_device(O
 
 // The same training with MirroredStrategy over `replicas` local devices.
 template <class Optimizer>
-std::pair<std::vector<std::vector<double>>, std::vector<double>> mirrored(Optimizer optimizer, int steps, int64_t rows,
-                                                                            int replicas,
-                                                                            fl::MirroredOptions options = quick_options()) {
+std::pair<std::vector<std::vector<double>>, std::vector<double>> mirrored(
+    Optimizer optimizer, int steps, int64_t rows, int replicas, fl::MirroredOptions options = quick_options()) {
   options.check_replicas_equal = true;  // every step: the copies stay bit-identical
   fl::MirroredStrategy dp(first_devices(replicas), options);
   fl::nn::Sequential model;
@@ -316,15 +315,16 @@ TEST_CASE("one all_reduce per bucket in each replica's trace, and the timeline s
   auto ancestors = [&](int32_t id) {
     std::vector<bool> seen(graph.nodes().size(), false);
     std::vector<int32_t> stack{id};
+    auto visit = [&](int32_t node) {
+      if (seen[static_cast<size_t>(node)]) return;
+      seen[static_cast<size_t>(node)] = true;
+      stack.push_back(node);
+    };
     while (!stack.empty()) {
       const fl::Node& n = graph.node(stack.back());
       stack.pop_back();
-      for (const fl::ValueRef& input : n.inputs) {
-        if (!seen[static_cast<size_t>(input.node)]) seen[static_cast<size_t>(input.node)] = true, stack.push_back(input.node);
-      }
-      for (int32_t control : n.control_inputs) {
-        if (!seen[static_cast<size_t>(control)]) seen[static_cast<size_t>(control)] = true, stack.push_back(control);
-      }
+      for (const fl::ValueRef& input : n.inputs) visit(input.node);
+      for (int32_t control : n.control_inputs) visit(control);
     }
     return seen;
   };
@@ -334,7 +334,9 @@ TEST_CASE("one all_reduce per bucket in each replica's trace, and the timeline s
     const fl::Node& n = graph.nodes()[i];
     if (n.removed || n.kind != fl::NodeKind::op) continue;
     if (n.op->name == "all_reduce") reduces.push_back(static_cast<int32_t>(i));
-    if (n.op->name == "matmul" && n.outputs[0].shape == fl::Shape{6, 8}) hidden_weight_gradient = static_cast<int32_t>(i);
+    if (n.op->name == "matmul" && n.outputs[0].shape == fl::Shape{6, 8}) {
+      hidden_weight_gradient = static_cast<int32_t>(i);
+    }
   }
   REQUIRE(reduces.size() == 3);
   REQUIRE(hidden_weight_gradient >= 0);
@@ -477,7 +479,9 @@ TEST_CASE("outside run(), a traced function reads replica 0's copy and its updat
   // An update from another device moves to each copy's device.
   w.assign_sub(test::make({1, 1}).to(fl::Device("cpu:1")));
   auto read = [&](fl::Tensor x) { return w.value() + fl::sum(x) * 0.0f; };
-  for (const fl::Tensor& copy : dp.run(read, fl::ones({2, 1}))) CHECK(test::values(copy) == std::vector<double>{10, 21});
+  for (const fl::Tensor& copy : dp.run(read, fl::ones({2, 1}))) {
+    CHECK(test::values(copy) == std::vector<double>{10, 21});
+  }
   // A bad update changes no copy.
   test::check_throws<fl::ShapeError>([&] { w.assign(test::make({1, 2, 3})); }, {"assign", "'w'"});
   dp.check_replicas_equal();
@@ -515,7 +519,8 @@ TEST_CASE("a replica that fails while running: run() rethrows its error, never h
   auto [x, y] = batch(0, 8);
   const std::vector<double> before = test::values(model.parameters()[0].value());
   // Row 6 (replica 1's share) has a label outside [0, 3): replica 1's loss fails when it runs.
-  const fl::Tensor bad_labels = fl::concat({fl::slice(y, 0, 0, 6), fl::full({1}, int64_t{7}, fl::i64), fl::slice(y, 0, 7, 1)}, 0);
+  const fl::Tensor bad_labels =
+      fl::concat({fl::slice(y, 0, 0, 6), fl::full({1}, int64_t{7}, fl::i64), fl::slice(y, 0, 7, 1)}, 0);
   const auto start = std::chrono::steady_clock::now();
   test::check_throws<fl::OutOfRange>([&] { (void)dp.run(step, x, bad_labels); }, {"softmax_cross_entropy"});
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));
