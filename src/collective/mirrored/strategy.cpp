@@ -324,7 +324,9 @@ std::vector<std::vector<Tensor>> run_mirrored(MirroredCore& core, const Function
   };
   const std::vector<std::exception_ptr> errors = core.threads->run_all(replica_step);
   if (std::exception_ptr error = first_cause(errors)) {
-    if (!trace_failed) core.recover_from_failed_step();  // a failed trace ran no collective
+    // A failed trace ran no collective here, but in a job of several processes the other processes'
+    // replicas ran theirs and now wait in vain: the job's collectives are out of step either way.
+    if (!trace_failed || core.communicator->processes() > 1) core.recover_from_failed_step();
     std::rethrow_exception(error);
   }
   if (core.options.check_replicas_equal) core.check_replicas_equal();
