@@ -612,3 +612,39 @@ TEST_CASE("a new model made in scope() is traced anew, even by a step lambda at 
     CHECK(sgd.iterations().value().item<int64_t>() == 1);
   }
 }
+
+TEST_CASE("a scope keeps its strategy's state: it may outlive the strategy, and scopes nest") {
+  ensure_devices();
+  std::optional<fl::MirroredStrategy::Scope> scope;
+  {
+    fl::MirroredStrategy dp(first_devices(2), quick_options());
+    scope.emplace(dp.scope());
+  }
+  fl::Variable late(fl::ones({2}), "late");  // mirrored over the ended strategy's devices
+  CHECK(test::values(late.value()) == std::vector<double>{1, 1});
+  late.assign(fl::zeros({2}));
+  scope.reset();
+  fl::Variable plain(fl::ones({1}), "plain");
+  // Nested scopes: the inner strategy's, then the outer's again.
+  fl::MirroredStrategy outer(first_devices(2), quick_options());
+  fl::MirroredStrategy inner(first_devices(3), quick_options());
+  fl::Variable a, b, c;
+  {
+    auto outer_scope = outer.scope();
+    a = fl::Variable(fl::ones({1}), "a");
+    {
+      auto inner_scope = inner.scope();
+      b = fl::Variable(fl::ones({1}), "b");
+    }
+    c = fl::Variable(fl::ones({1}), "c");
+  }
+  auto devices_seen = [](fl::MirroredStrategy& dp, fl::Variable& v) {
+    auto read = [&](fl::Tensor x) { return v.value() + fl::sum(x) * 0.0f; };
+    std::vector<std::string> devices;
+    for (const fl::Tensor& t : dp.run(read, fl::ones({dp.num_replicas(), 1}))) devices.push_back(t.device().str());
+    return devices;
+  };
+  CHECK(devices_seen(outer, a) == std::vector<std::string>{"cpu:0", "cpu:1"});
+  CHECK(devices_seen(inner, b) == std::vector<std::string>{"cpu:0", "cpu:1", "cpu:2"});
+  CHECK(devices_seen(outer, c) == std::vector<std::string>{"cpu:0", "cpu:1"});
+}

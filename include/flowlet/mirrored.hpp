@@ -157,7 +157,7 @@ class MirroredStrategy {
   const MirroredOptions& options() const;
 
   // While alive (on this thread), every Variable made is mirrored over the strategy's replicas.
-  // Must not outlive the strategy.
+  // It keeps the strategy's state alive (a scope that outlives its strategy stays valid).
   class Scope {
    public:
     ~Scope();
@@ -168,8 +168,8 @@ class MirroredStrategy {
 
    private:
     friend class MirroredStrategy;
-    explicit Scope(const void* policy);
-    const void* policy_ = nullptr;
+    Scope(std::shared_ptr<const void> core, const void* policy);
+    std::shared_ptr<const void> core_;
     const void* previous_ = nullptr;
     bool active_ = false;
   };

@@ -342,7 +342,7 @@ MirroredStrategy::MirroredStrategy(std::vector<Device> local_devices, MirroredOp
   core.policy.strategy = &core;
   core.policy.devices = core.devices;
   core.policy.initial_copies = [&core](const Tensor& initial, const std::string& name) {
-    return core.initial_copies(initial, name);  // only while a Scope of the living strategy is active
+    return core.initial_copies(initial, name);  // called only while a Scope, which keeps `core` alive, is active
   };
   core.policy.created = [weak](const std::shared_ptr<detail::VariableState>& state) {
     // Also called for optimizer slots made later (mirror_like), possibly after the strategy ended.
@@ -361,14 +361,15 @@ int MirroredStrategy::num_local_replicas() const { return core_->local_size(); }
 const std::vector<Device>& MirroredStrategy::local_devices() const { return core_->devices; }
 const MirroredOptions& MirroredStrategy::options() const { return core_->options; }
 
-MirroredStrategy::Scope MirroredStrategy::scope() const { return Scope(&core_->policy); }
+MirroredStrategy::Scope MirroredStrategy::scope() const { return Scope(core_, &core_->policy); }
 
-MirroredStrategy::Scope::Scope(const void* policy) : policy_(policy), active_(true) {
+MirroredStrategy::Scope::Scope(std::shared_ptr<const void> core, const void* policy)
+    : core_(std::move(core)), active_(true) {
   previous_ = detail::exchange_mirrored_creation(static_cast<const detail::MirrorPolicy*>(policy));
 }
 
 MirroredStrategy::Scope::Scope(Scope&& other) noexcept
-    : policy_(other.policy_), previous_(other.previous_), active_(other.active_) {
+    : core_(std::move(other.core_)), previous_(other.previous_), active_(other.active_) {
   other.active_ = false;
 }
 
