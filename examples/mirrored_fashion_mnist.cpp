@@ -57,7 +57,8 @@ Options parse(int argc, char** argv) {
     else throw fl::InvalidArgument("mirrored_fashion_mnist: unknown option " + arg);
   }
   if (o.replicas < 1 || o.epochs < 1 || o.batch_size < 1 || o.steps < 0 || !(o.bucket_mb > 0)) {
-    throw fl::InvalidArgument("mirrored_fashion_mnist: replicas, epochs, batch size and bucket size must be >= 1 (> 0)");
+    throw fl::InvalidArgument(
+        "mirrored_fashion_mnist: replicas, epochs and batch size must be >= 1, steps >= 0, bucket size > 0");
   }
   return o;
 }

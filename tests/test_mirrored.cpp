@@ -85,9 +85,8 @@ std::pair<std::vector<std::vector<double>>, std::vector<double>> single_device(O
 
 // The same training with MirroredStrategy over `replicas` local devices.
 template <class Optimizer>
-std::pair<std::vector<std::vector<double>>, std::vector<double>> mirrored(Optimizer optimizer, int steps, int64_t rows,
-                                                                            int replicas,
-                                                                            fl::MirroredOptions options = quick_options()) {
+std::pair<std::vector<std::vector<double>>, std::vector<double>> mirrored(
+    Optimizer optimizer, int steps, int64_t rows, int replicas, fl::MirroredOptions options = quick_options()) {
   options.check_replicas_equal = true;  // every step: the copies stay bit-identical
   fl::MirroredStrategy dp(first_devices(replicas), options);
   fl::nn::Sequential model;
@@ -220,6 +219,14 @@ TEST_CASE("run() traces fn once per replica and signature, and reuses the traces
     CHECK(test::values(scaled_out[0]) == std::vector<double>{static_cast<double>(k)});
     CHECK(test::values(scaled_out[1]) == std::vector<double>{static_cast<double>(k)});
   }
+  // The same with a captured tensor (not trivially copyable): each tensor gets its own traces.
+  for (int k = 1; k <= 3; ++k) {
+    const fl::Tensor offset = fl::full({1}, static_cast<double>(k), fl::f32);
+    auto shifted = [offset](fl::Tensor x) { return x + offset; };
+    const std::vector<fl::Tensor> shifted_out = dp.run(shifted, fl::ones({2, 1}));
+    CHECK(test::values(shifted_out[0]) == std::vector<double>{1.0 + k});
+    CHECK(test::values(shifted_out[1]) == std::vector<double>{1.0 + k});
+  }
 }
 
 TEST_CASE("20 SGD steps (momentum) on 2 and 4 replicas equal one device on the full batch; replicas stay identical") {
@@ -308,15 +315,16 @@ TEST_CASE("one all_reduce per bucket in each replica's trace, and the timeline s
   auto ancestors = [&](int32_t id) {
     std::vector<bool> seen(graph.nodes().size(), false);
     std::vector<int32_t> stack{id};
+    auto visit = [&](int32_t node) {
+      if (seen[static_cast<size_t>(node)]) return;
+      seen[static_cast<size_t>(node)] = true;
+      stack.push_back(node);
+    };
     while (!stack.empty()) {
       const fl::Node& n = graph.node(stack.back());
       stack.pop_back();
-      for (const fl::ValueRef& input : n.inputs) {
-        if (!seen[static_cast<size_t>(input.node)]) seen[static_cast<size_t>(input.node)] = true, stack.push_back(input.node);
-      }
-      for (int32_t control : n.control_inputs) {
-        if (!seen[static_cast<size_t>(control)]) seen[static_cast<size_t>(control)] = true, stack.push_back(control);
-      }
+      for (const fl::ValueRef& input : n.inputs) visit(input.node);
+      for (int32_t control : n.control_inputs) visit(control);
     }
     return seen;
   };
@@ -326,7 +334,9 @@ TEST_CASE("one all_reduce per bucket in each replica's trace, and the timeline s
     const fl::Node& n = graph.nodes()[i];
     if (n.removed || n.kind != fl::NodeKind::op) continue;
     if (n.op->name == "all_reduce") reduces.push_back(static_cast<int32_t>(i));
-    if (n.op->name == "matmul" && n.outputs[0].shape == fl::Shape{6, 8}) hidden_weight_gradient = static_cast<int32_t>(i);
+    if (n.op->name == "matmul" && n.outputs[0].shape == fl::Shape{6, 8}) {
+      hidden_weight_gradient = static_cast<int32_t>(i);
+    }
   }
   REQUIRE(reduces.size() == 3);
   REQUIRE(hidden_weight_gradient >= 0);
@@ -469,7 +479,9 @@ TEST_CASE("outside run(), a traced function reads replica 0's copy and its updat
   // An update from another device moves to each copy's device.
   w.assign_sub(test::make({1, 1}).to(fl::Device("cpu:1")));
   auto read = [&](fl::Tensor x) { return w.value() + fl::sum(x) * 0.0f; };
-  for (const fl::Tensor& copy : dp.run(read, fl::ones({2, 1}))) CHECK(test::values(copy) == std::vector<double>{10, 21});
+  for (const fl::Tensor& copy : dp.run(read, fl::ones({2, 1}))) {
+    CHECK(test::values(copy) == std::vector<double>{10, 21});
+  }
   // A bad update changes no copy.
   test::check_throws<fl::ShapeError>([&] { w.assign(test::make({1, 2, 3})); }, {"assign", "'w'"});
   dp.check_replicas_equal();
@@ -507,7 +519,8 @@ TEST_CASE("a replica that fails while running: run() rethrows its error, never h
   auto [x, y] = batch(0, 8);
   const std::vector<double> before = test::values(model.parameters()[0].value());
   // Row 6 (replica 1's share) has a label outside [0, 3): replica 1's loss fails when it runs.
-  const fl::Tensor bad_labels = fl::concat({fl::slice(y, 0, 0, 6), fl::full({1}, int64_t{7}, fl::i64), fl::slice(y, 0, 7, 1)}, 0);
+  const fl::Tensor bad_labels =
+      fl::concat({fl::slice(y, 0, 0, 6), fl::full({1}, int64_t{7}, fl::i64), fl::slice(y, 0, 7, 1)}, 0);
   const auto start = std::chrono::steady_clock::now();
   test::check_throws<fl::OutOfRange>([&] { (void)dp.run(step, x, bad_labels); }, {"softmax_cross_entropy"});
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));
@@ -559,4 +572,79 @@ TEST_CASE("f32 and f64 variables in one model: a bucket per dtype, training equa
   const auto [got32, got64] = train(&dp, 8);
   CHECK(test::check_values(got32, want32, test::Tolerance{2e-5, 2e-5}));
   CHECK(test::check_values(got64, want64, test::Tolerance{1e-10, 1e-10}));
+}
+
+TEST_CASE("a new model made in scope() is traced anew, even by a step lambda at the same address") {
+  ensure_devices();
+  fl::MirroredStrategy dp(first_devices(2), quick_options());
+  const auto [want_params, want_losses] = single_device(fl::optim::SGD(0.1, 0.9), 3, 8);
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    // Each round's model, optimizer and lambda are new objects, most likely at the last round's
+    // addresses: the lambda's bytes repeat, and only the new variables tell the rounds apart.
+    fl::nn::Sequential model;
+    {
+      auto scope = dp.scope();
+      build_mlp(model);
+    }
+    fl::optim::SGD sgd(0.1, 0.9);  // momentum: slots that must start at zero each round
+    auto step = make_step(model, sgd);
+    for (int k = 0; k < 3; ++k) {
+      auto [x, y] = batch(k, 8);
+      (void)dp.run(step, x, y);
+    }
+    std::vector<std::vector<double>> params;
+    for (const fl::Variable& v : model.parameters()) params.push_back(test::values(v.value()));
+    check_close(params, want_params);
+    CHECK(sgd.iterations().value().item<int64_t>() == 3);
+  }
+  // A new optimizer for the same model (most likely at the old one's address) is used too.
+  fl::nn::Sequential model;
+  {
+    auto scope = dp.scope();
+    build_mlp(model);
+  }
+  for (int round = 0; round < 2; ++round) {
+    fl::optim::SGD sgd(0.1, 0.9);
+    auto step = make_step(model, sgd);
+    auto [x, y] = batch(round, 8);
+    (void)dp.run(step, x, y);
+    CHECK(sgd.iterations().value().item<int64_t>() == 1);
+  }
+}
+
+TEST_CASE("a scope keeps its strategy's state: it may outlive the strategy, and scopes nest") {
+  ensure_devices();
+  std::optional<fl::MirroredStrategy::Scope> scope;
+  {
+    fl::MirroredStrategy dp(first_devices(2), quick_options());
+    scope.emplace(dp.scope());
+  }
+  fl::Variable late(fl::ones({2}), "late");  // mirrored over the ended strategy's devices
+  CHECK(test::values(late.value()) == std::vector<double>{1, 1});
+  late.assign(fl::zeros({2}));
+  scope.reset();
+  fl::Variable plain(fl::ones({1}), "plain");
+  // Nested scopes: the inner strategy's, then the outer's again.
+  fl::MirroredStrategy outer(first_devices(2), quick_options());
+  fl::MirroredStrategy inner(first_devices(3), quick_options());
+  fl::Variable a, b, c;
+  {
+    auto outer_scope = outer.scope();
+    a = fl::Variable(fl::ones({1}), "a");
+    {
+      auto inner_scope = inner.scope();
+      b = fl::Variable(fl::ones({1}), "b");
+    }
+    c = fl::Variable(fl::ones({1}), "c");
+  }
+  auto devices_seen = [](fl::MirroredStrategy& dp, fl::Variable& v) {
+    auto read = [&](fl::Tensor x) { return v.value() + fl::sum(x) * 0.0f; };
+    std::vector<std::string> devices;
+    for (const fl::Tensor& t : dp.run(read, fl::ones({dp.num_replicas(), 1}))) devices.push_back(t.device().str());
+    return devices;
+  };
+  CHECK(devices_seen(outer, a) == std::vector<std::string>{"cpu:0", "cpu:1"});
+  CHECK(devices_seen(inner, b) == std::vector<std::string>{"cpu:0", "cpu:1", "cpu:2"});
+  CHECK(devices_seen(outer, c) == std::vector<std::string>{"cpu:0", "cpu:1"});
 }

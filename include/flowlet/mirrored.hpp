@@ -5,6 +5,7 @@
 //   MirroredStrategy dp({Device("cpu:0"), Device("cpu:1")});   // 2 replicas per process
 //   nn::Sequential model;
 //   { auto scope = dp.scope(); build(model); }                  // mirrored variables
+//   const std::vector<Variable> params = model.parameters();
 //   optim::Adam opt(1e-3);
 //   auto step = [&](Tensor x, Tensor y) {
 //     GradientTape tape;
@@ -20,9 +21,10 @@
 // What is exact and what is close:
 //   - A batch of B rows over R replicas: replica r gets B / R rows, and the first B mod R replicas
 //     one more (a replica may get 0 rows; it still takes part in every collective). Inside run(),
-//     Optimizer::apply replaces each replica's gradient by sum_r (rows_r / B) * g_r, which equals
-//     the full-batch gradient when the loss is the mean over the replica's rows (the usual
-//     `mean(...)` loss); a replica with 0 rows contributes zeros. The result differs from one
+//     Optimizer::apply replaces each replica's gradient by sum_r (rows_r / B) * g_r (an all-reduce
+//     mean when every replica has B / R rows), which equals the full-batch gradient when the loss
+//     is the mean over the replica's rows (the usual `mean(...)` loss); a replica with 0 rows
+//     contributes zeros. The result differs from one
 //     device's full-batch gradient only by floating-point rounding (the sums are grouped
 //     differently), so training matches single-device training closely, not bit for bit.
 //   - Every replica receives the same all-reduced bits and applies the same update, so the copies
@@ -38,15 +40,21 @@
 //
 // run(fn, batch...): fn takes one Tensor per batch argument and returns what a traced function may
 // return (Tensor, std::vector<Tensor>, a tuple of Tensors, or nothing). It is traced once per local
-// replica (under a DeviceScope of the replica's device) and each replica's graph runs on its own
-// persistent thread; run() returns fn's results for the local replicas, in local order. Traces are
-// kept for later calls with a callable of the same type and the same captured bytes (capture what
-// changes between steps by reference, or it traces again). An exception in any replica is rethrown
-// after every replica has finished: replicas waiting in a collective for the failed one fail by
-// the collective timeout (MirroredOptions::collective_timeout_seconds), never hang. A replica whose
-// trace fails stops every local replica before any runs. After a step that failed while running,
-// variables whose updates waited for the gradient all-reduce are unchanged on every replica, and so
-// is the optimizer's step counter (its increment waits for the all-reduce too); in one process the
+// replica (under a DeviceScope of the replica's device, one replica after another) and each
+// replica's graph runs on its own persistent thread; run() returns fn's results for the local
+// replicas, in local order. One run() at a time per strategy.
+//
+// Traces are kept for later calls with a callable of the same type and the same bytes (capture what
+// changes between steps, and anything that owns memory, by reference, or it traces again). Making
+// new mirrored variables (a new model in scope(), a new optimizer's state) drops the traces, so a
+// new step lambda whose bytes repeat the old one's never runs the old model.
+//
+// Failures: an exception in any replica is rethrown after every replica has finished; replicas
+// waiting in a collective for the failed one fail by the collective timeout
+// (MirroredOptions::collective_timeout_seconds) instead of hanging. A replica whose trace fails
+// stops every local replica before any runs. After a step that failed while running, variables
+// whose updates waited for the gradient all-reduce are unchanged on every replica, and so is the
+// optimizer's step counter (its increment waits for the all-reduce too); in one process the
 // strategy then starts its replicas on a new communicator and traces fn again, while in a job of
 // several processes further run() calls throw (the processes' collectives are out of step).
 #pragma once
@@ -88,8 +96,11 @@ namespace detail {
 
 class MirroredCore;
 
-// Which traces a call reuses: the callable's type, and its bytes when it is trivially copyable
-// (lambdas capturing by reference), so a lambda whose captured values changed traces anew.
+// Which traces a call reuses: the callable's type and its bytes (what a lambda captures: the
+// addresses of what it captures by reference, the bytes of what it captures by value), so a lambda
+// whose captured values changed traces anew instead of running a graph with the old values baked
+// in. A captured object that owns memory (a std::vector, a std::string) has new bytes in every copy
+// of the lambda, so it traces again each time: capture such things by reference.
 struct FunctionKey {
   const std::type_info* type = nullptr;
   std::string bytes;
@@ -99,7 +110,7 @@ struct FunctionKey {
 template <class Fn>
 FunctionKey function_key(const Fn& fn) {
   FunctionKey key{&typeid(Fn), {}};
-  if constexpr (std::is_trivially_copyable_v<Fn> && !std::is_empty_v<Fn>) {
+  if constexpr (!std::is_empty_v<Fn>) {
     key.bytes.assign(reinterpret_cast<const char*>(std::addressof(fn)), sizeof(Fn));
   }
   return key;
@@ -146,7 +157,7 @@ class MirroredStrategy {
   const MirroredOptions& options() const;
 
   // While alive (on this thread), every Variable made is mirrored over the strategy's replicas.
-  // Must not outlive the strategy.
+  // It keeps the strategy's state alive (a scope that outlives its strategy stays valid).
   class Scope {
    public:
     ~Scope();
@@ -157,8 +168,8 @@ class MirroredStrategy {
 
    private:
     friend class MirroredStrategy;
-    explicit Scope(const void* policy);
-    const void* policy_ = nullptr;
+    Scope(std::shared_ptr<const void> core, const void* policy);
+    std::shared_ptr<const void> core_;
     const void* previous_ = nullptr;
     bool active_ = false;
   };

@@ -8,6 +8,7 @@
 // Test cases run in file order on every process, so their collectives line up.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -193,4 +194,49 @@ TEST_CASE("processes that create a mirrored variable with different shapes all f
   // Every process failed the same call, so the next creation is in step.
   fl::Variable next(fl::full({2}, 3.0 + fl::process_index(), fl::f32), "next");
   CHECK(next.value().to_vector<float>() == std::vector<float>{3, 3});
+}
+
+// Last: it leaves its strategy unusable (by design), and the other processes wait for the timeout.
+TEST_CASE("a replica failing in one process fails run() on every process within the timeout, then run() refuses") {
+  ensure_devices();
+  if (fl::process_count() < 2) return;
+  fl::MirroredOptions options = checked_options();
+  options.collective_timeout_seconds = 3;
+  fl::MirroredStrategy dp(local_devices(1), options);
+  fl::Variable w;
+  {
+    auto scope = dp.scope();
+    w = fl::Variable(fl::ones({2}), "w");
+  }
+  fl::optim::SGD sgd(0.1);
+  auto step = [&](fl::Tensor x) {
+    if (fl::process_index() == 1) throw fl::InvalidArgument("process 1 fails on purpose");
+    fl::GradientTape tape;
+    fl::Tensor loss = fl::mean(x * w.value());
+    sgd.apply(tape.gradient(loss, {w}), {w});
+    return loss;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  bool threw = false;
+  try {
+    (void)dp.run(step, fl::ones({4, 2}));
+  } catch (const fl::Error& e) {
+    threw = true;
+    const std::string what = e.what();
+    if (fl::process_index() == 1) {
+      CHECK(what.find("fails on purpose") != std::string::npos);
+    } else {
+      CHECK(what.find("all_reduce") != std::string::npos);  // the collective that waited in vain
+    }
+  }
+  CHECK(threw);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+  CHECK(w.value().to_vector<float>() == std::vector<float>{1, 1});  // no process updated
+  bool refused = false;
+  try {
+    (void)dp.run(step, fl::ones({4, 2}));
+  } catch (const fl::InvalidArgument& e) {
+    refused = std::string(e.what()).find("out of step") != std::string::npos;
+  }
+  CHECK(refused);
 }

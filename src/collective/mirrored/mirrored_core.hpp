@@ -2,6 +2,7 @@
 // threads, the traces of the functions run() was given, and its mirrored variables.
 #pragma once
 
+#include <atomic>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -40,6 +41,8 @@ class MirroredCore {
   // calls may be out of step) and trace again; in a job of several processes the strategy refuses
   // further runs instead (broken()).
   void recover_from_failed_step();
+  // Forgets every function's traces (the next run() traces again).
+  void drop_traces();
   bool broken() const { return broken_; }
 
   std::vector<Device> devices;
@@ -52,6 +55,13 @@ class MirroredCore {
   std::mutex trace_mutex;  // replicas trace one after another (fn's C++ code need not be thread-safe)
   std::list<MirroredFunction> functions;
   MirroredFunction* last_function = nullptr;
+  // Mirrored variables made so far (in scope(), and optimizer state mirrored with them), and the
+  // count when the traces were made: a new model or optimizer gets new traces even from a callable
+  // whose bytes repeat (a new step lambda at the old one's address, capturing a new model at the
+  // old one's address). The first step's trace makes the optimizer's slots, so the second traces
+  // once more.
+  std::atomic<uint64_t> variables_made{0};
+  uint64_t variables_traced = 0;
   std::vector<const Graph*> last_graphs;  // per local replica: the graph its last run() ran
   std::unique_ptr<ReplicaThreads> threads;
 

@@ -140,10 +140,14 @@ void MirroredCore::recover_from_failed_step() {
   // The replicas' collective calls may be out of step (a replica failed before a collective its
   // peers made): a new communicator starts them all from call 0, and the traces, which name the old
   // one in their collective nodes, are made again on the next run().
+  drop_traces();
+  connect();
+}
+
+void MirroredCore::drop_traces() {
   last_function = nullptr;
   last_graphs.assign(last_graphs.size(), nullptr);
   functions.clear();
-  connect();
 }
 
 MirroredFunction& MirroredCore::function(const FunctionKey& key) {
@@ -253,6 +257,11 @@ std::vector<std::vector<Tensor>> run_mirrored(MirroredCore& core, const Function
                           "the replicas' collectives out of step; end the job (or restart it from a checkpoint)",
                           core.communicator->processes());
   }
+  if (const uint64_t made = core.variables_made; made != core.variables_traced) {
+    // New mirrored variables (a new model, most likely): the traces captured the old ones.
+    core.drop_traces();
+    core.variables_traced = made;
+  }
   MirroredFunction& function = core.function(key);
   core.last_function = &function;
   core.last_graphs.assign(static_cast<size_t>(core.local_size()), nullptr);
@@ -315,7 +324,9 @@ std::vector<std::vector<Tensor>> run_mirrored(MirroredCore& core, const Function
   };
   const std::vector<std::exception_ptr> errors = core.threads->run_all(replica_step);
   if (std::exception_ptr error = first_cause(errors)) {
-    if (!trace_failed) core.recover_from_failed_step();  // a failed trace ran no collective
+    // A failed trace ran no collective here, but in a job of several processes the other processes'
+    // replicas ran theirs and now wait in vain: the job's collectives are out of step either way.
+    if (!trace_failed || core.communicator->processes() > 1) core.recover_from_failed_step();
     std::rethrow_exception(error);
   }
   if (core.options.check_replicas_equal) core.check_replicas_equal();
@@ -331,13 +342,14 @@ MirroredStrategy::MirroredStrategy(std::vector<Device> local_devices, MirroredOp
   core.policy.strategy = &core;
   core.policy.devices = core.devices;
   core.policy.initial_copies = [&core](const Tensor& initial, const std::string& name) {
-    return core.initial_copies(initial, name);  // only while a Scope of the living strategy is active
+    return core.initial_copies(initial, name);  // called only while a Scope, which keeps `core` alive, is active
   };
   core.policy.created = [weak](const std::shared_ptr<detail::VariableState>& state) {
     // Also called for optimizer slots made later (mirror_like), possibly after the strategy ended.
     if (auto alive = weak.lock()) {
       std::lock_guard lock(alive->variables_mutex_);
       alive->variables_.push_back(state);
+      ++alive->variables_made;
     }
   };
 }
@@ -349,14 +361,15 @@ int MirroredStrategy::num_local_replicas() const { return core_->local_size(); }
 const std::vector<Device>& MirroredStrategy::local_devices() const { return core_->devices; }
 const MirroredOptions& MirroredStrategy::options() const { return core_->options; }
 
-MirroredStrategy::Scope MirroredStrategy::scope() const { return Scope(&core_->policy); }
+MirroredStrategy::Scope MirroredStrategy::scope() const { return Scope(core_, &core_->policy); }
 
-MirroredStrategy::Scope::Scope(const void* policy) : policy_(policy), active_(true) {
+MirroredStrategy::Scope::Scope(std::shared_ptr<const void> core, const void* policy)
+    : core_(std::move(core)), active_(true) {
   previous_ = detail::exchange_mirrored_creation(static_cast<const detail::MirrorPolicy*>(policy));
 }
 
 MirroredStrategy::Scope::Scope(Scope&& other) noexcept
-    : policy_(other.policy_), previous_(other.previous_), active_(other.active_) {
+    : core_(std::move(other.core_)), previous_(other.previous_), active_(other.active_) {
   other.active_ = false;
 }
 
