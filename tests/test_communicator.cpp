@@ -3,6 +3,7 @@
 // their own threads, as replicas do. Expected values are worked by hand or computed here in
 // double/int64 from the values each participant holds.
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <future>
@@ -602,6 +603,24 @@ TEST_CASE("destroying a communicator with a call waiting fails that call with Ca
   comm.reset();
   const std::exception_ptr error = got.get_future().get();
   test::check_throws<fl::Cancelled>([&] { std::rethrow_exception(error); }, {"destroyed"});
+}
+
+TEST_CASE("abort() fails the waiting calls at once with its error, and every later call") {
+  auto comm = local_communicator(3, /*timeout=*/60);
+  std::promise<std::exception_ptr> waiting;
+  comm->start(0, call_of(CollectiveKind::all_reduce, test::make({1})),
+              [&](fl::Tensor, std::exception_ptr e) { waiting.set_value(e); });
+  const auto start = std::chrono::steady_clock::now();
+  comm->abort(std::make_exception_ptr(fl::Cancelled("replica 2 failed on purpose")));
+  const std::exception_ptr error = waiting.get_future().get();
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));  // not the 60 s timeout
+  test::check_throws<fl::Cancelled>([&] { std::rethrow_exception(error); }, {"replica 2 failed on purpose"});
+  // Later calls, of any participant, fail at once too; a second abort changes nothing.
+  comm->abort(std::make_exception_ptr(fl::Cancelled("second")));
+  for (int local = 0; local < 3; ++local) {
+    test::check_throws<fl::Cancelled>([&] { (void)comm->run(local, call_of(CollectiveKind::barrier, fl::Tensor())); },
+                                      {"replica 2 failed on purpose"});
+  }
 }
 
 TEST_CASE("GPU participants (NCCL): every kind on every visible GPU, against the host result") {

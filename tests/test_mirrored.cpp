@@ -506,7 +506,7 @@ TEST_CASE("mirrored training equals eager single-device training too") {
 TEST_CASE("a replica that fails while running: run() rethrows its error, never hangs, and the strategy recovers") {
   ensure_devices();
   fl::MirroredOptions options = quick_options();
-  options.collective_timeout_seconds = 2;  // replica 0 waits this long in its all_reduce for replica 1
+  options.collective_timeout_seconds = 60;  // replica 1's failure aborts replica 0's all_reduce at once
   options.check_replicas_equal = true;
   fl::MirroredStrategy dp(first_devices(2), options);
   fl::nn::Sequential model;
@@ -523,7 +523,7 @@ TEST_CASE("a replica that fails while running: run() rethrows its error, never h
       fl::concat({fl::slice(y, 0, 0, 6), fl::full({1}, int64_t{7}, fl::i64), fl::slice(y, 0, 7, 1)}, 0);
   const auto start = std::chrono::steady_clock::now();
   test::check_throws<fl::OutOfRange>([&] { (void)dp.run(step, x, bad_labels); }, {"softmax_cross_entropy"});
-  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
   // No replica applied an update (replica 0's waited for the all-reduce that failed).
   CHECK(test::values(model.parameters()[0].value()) == before);
   dp.check_replicas_equal();

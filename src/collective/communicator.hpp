@@ -69,6 +69,12 @@ class Communicator {
   // anything is sent; errors that involve peers arrive through `done`.
   virtual void start(int local, CollectiveCall call, CollectiveDone done) = 0;
 
+  // Fails every call of this process's participants that still waits for peers, and every later
+  // call, with `error`: for a caller that knows a participant will never come (a replica whose
+  // step failed), so its peers fail now instead of at the timeout. Calls already handed to the
+  // cross-process transport complete as they would.
+  virtual void abort(std::exception_ptr error) = 0;
+
   // start() and wait for the result (eager calls). Rethrows the call's error.
   Tensor run(int local, CollectiveCall call);
 

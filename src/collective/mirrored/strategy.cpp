@@ -97,8 +97,8 @@ Tensor private_copy(const Tensor& t, Device device) {
   return device == t.device() ? cast(t, t.dtype()) : t.to(device);
 }
 
-// The error run() reports: the first replica's that is not a timeout (a replica that fails makes its
-// peers' collectives time out), else the first.
+// The error run() reports: the first replica's that is neither a timeout nor a Cancelled (a replica
+// that fails aborts its peers' collectives, or across processes makes them time out), else the first.
 std::exception_ptr first_cause(const std::vector<std::exception_ptr>& errors) {
   std::exception_ptr first;
   for (const std::exception_ptr& e : errors) {
@@ -107,6 +107,7 @@ std::exception_ptr first_cause(const std::vector<std::exception_ptr>& errors) {
     try {
       std::rethrow_exception(e);
     } catch (const DeadlineExceeded&) {
+    } catch (const Cancelled&) {
     } catch (...) {
       return e;
     }
@@ -320,7 +321,16 @@ std::vector<std::vector<Tensor>> run_mirrored(MirroredCore& core, const Function
     }
     if (prepare_error) std::rethrow_exception(prepare_error);
     if (trace_failed) return;  // another replica's trace failed: it reports the error
-    outputs[local] = call_traced(traced_core, signature, tensors, body);
+    try {
+      outputs[local] = call_traced(traced_core, signature, tensors, body);
+    } catch (const std::exception& e) {
+      // This replica will make none of its step's remaining collectives: fail the peers' waiting
+      // ones now instead of at the timeout (they report Cancelled; run() reports this error).
+      core.communicator->abort(std::make_exception_ptr(Cancelled(fmt::format(
+          "MirroredStrategy::run: replica {} ({}) failed, so its collectives will not come: {}",
+          core.communicator->rank_of(l), device.str(), e.what()))));
+      throw;
+    }
   };
   const std::vector<std::exception_ptr> errors = core.threads->run_all(replica_step);
   if (std::exception_ptr error = first_cause(errors)) {

@@ -181,6 +181,8 @@ class NcclCommunicator final : public Communicator {
   }
   std::string describe() const override { return describe_; }
 
+  void abort(std::exception_ptr error) override { exchange_.abort(std::move(error)); }
+
   void start(int local, CollectiveCall call, CollectiveDone done) override {
     check_local_index(*this, local);
     prepare_call(call, size(), rank_of(local), devices_[static_cast<size_t>(local)], describe_);

@@ -21,6 +21,7 @@ class InProcessCommunicator final : public Communicator {
   int process_rank() const override { return 0; }
   Device device(int local) const override;
   void start(int local, CollectiveCall call, CollectiveDone done) override;
+  void abort(std::exception_ptr error) override { exchange_.abort(std::move(error)); }
   std::string describe() const override { return describe_; }
 
  private:

@@ -87,7 +87,10 @@ void LocalExchange::arrive(int local, CollectiveCall call, CollectiveDone done) 
   {
     std::unique_lock lock(mutex_);
     number = next_call_[static_cast<size_t>(local)]++;
-    if (participants == 1) {
+    if (aborted_ != nullptr) {
+      error = aborted_;
+      failed.push_back(std::move(done));
+    } else if (participants == 1) {
       complete.push_back(Arrival{std::move(call), std::move(done)});
     } else {
       auto [it, fresh] = groups_.try_emplace(number);
@@ -133,6 +136,33 @@ void LocalExchange::arrive(int local, CollectiveCall call, CollectiveDone done) 
   for (auto& d : failed) d(Tensor(), error);
   if (newly_failed && failed_) failed_(number, failed_header, failed_check, error);
   if (!complete.empty()) complete_(number, complete);
+}
+
+void LocalExchange::abort(std::exception_ptr error) {
+  struct FailedGroup {
+    uint64_t number;
+    CallHeader header;
+    bool check_header;
+  };
+  std::vector<CollectiveDone> failed;
+  std::vector<FailedGroup> groups;
+  {
+    std::lock_guard lock(mutex_);
+    if (aborted_ != nullptr) return;
+    aborted_ = error;
+    for (auto& [number, group] : groups_) {
+      if (group.error != nullptr) continue;
+      group.error = error;
+      groups.push_back(FailedGroup{number, group.header, group.check_header});
+      for (size_t i = 0; i < group.arrivals.size(); ++i) {
+        if (group.arrived[i]) failed.push_back(std::move(group.arrivals[i].done));
+      }
+    }
+  }
+  for (auto& d : failed) d(Tensor(), error);
+  if (failed_) {
+    for (const FailedGroup& g : groups) failed_(g.number, g.header, g.check_header, error);
+  }
 }
 
 void LocalExchange::start_watchdog_locked() {

@@ -46,6 +46,10 @@ class LocalExchange {
 
   void arrive(int local, CollectiveCall call, CollectiveDone done);
 
+  // Fails every group still waiting for participants, and every later arrival, with `error`
+  // (Communicator::abort). Groups already complete are not touched.
+  void abort(std::exception_ptr error);
+
   // For a communicator that learns its rank and description after constructing the exchange;
   // before the first call.
   void set_identity(int first_rank, std::string describe);
@@ -83,6 +87,7 @@ class LocalExchange {
   std::map<uint64_t, Group> groups_;
   std::thread watchdog_;
   bool stopping_ = false;
+  std::exception_ptr aborted_;  // set by abort(): every later arrival fails with it
 };
 
 // The timeout a communicator uses: `requested` when > 0, else FLOWLET_COLLECTIVE_TIMEOUT, else 300 s.

@@ -53,6 +53,7 @@ class MpiCommunicator final : public Communicator {
   int process_rank() const override { return rank_; }
   Device device(int local) const override;
   void start(int local, CollectiveCall call, CollectiveDone done) override;
+  void abort(std::exception_ptr error) override { exchange_.abort(std::move(error)); }
   std::string describe() const override { return describe_; }
 
   // Stops the progress thread, tells the peers, frees the MPI communicator (once; the destructor
