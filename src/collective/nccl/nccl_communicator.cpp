@@ -204,11 +204,11 @@ class NcclCommunicator final : public Communicator {
   };
 
   void enqueue(Job job) {
-    {
-      std::lock_guard lock(mutex_);
-      const uint64_t number = job.number;
-      jobs_.emplace(number, std::move(job));
-    }
+    std::lock_guard lock(mutex_);
+    const uint64_t number = job.number;
+    jobs_.emplace(number, std::move(job));
+    // Under the lock: once it is released, a done callback on the progress thread may destroy the
+    // communicator (and wake_).
     wake_.notify_all();
   }
 

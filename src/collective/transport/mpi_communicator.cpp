@@ -242,9 +242,9 @@ void MpiCommunicator::enqueue(Job job) {
     return;
   }
   jobs_.emplace(number, std::move(job));
-  if (!progress_sleeping_) return;  // it is running a call and looks for the next one after
-  lock.unlock();
-  wake_.notify_all();
+  // Notified under the lock: once it is released, the progress thread may run this call and a done
+  // callback may destroy the communicator (and wake_) before a notify made after the unlock.
+  if (progress_sleeping_) wake_.notify_all();  // else it is running a call and looks for the next one after
 }
 
 void MpiCommunicator::finish_job_locked(std::unique_lock<std::mutex>& lock) {
@@ -252,9 +252,8 @@ void MpiCommunicator::finish_job_locked(std::unique_lock<std::mutex>& lock) {
   // thread that a done callback below makes wait for one) while this one's results are handed out.
   busy_ = false;
   ++next_job_;
-  const bool wake = !jobs_.empty() && progress_sleeping_;
+  if (!jobs_.empty() && progress_sleeping_) wake_.notify_all();  // under the lock: see enqueue()
   lock.unlock();
-  if (wake) wake_.notify_all();
 }
 
 void MpiCommunicator::progress() {
