@@ -253,9 +253,12 @@ TEST_CASE("every collective takes 0-size tensors") {
       test::check_tensor(t, {}, empty, dt);
     for (const fl::Tensor& t : values_of(run_spmd(g, [&](int p) { return fl::all_gather(input_of(p, empty, dt)); })))
       test::check_tensor(t, {}, empty, dt);
-    for (const fl::Tensor& t : values_of(run_spmd(g, [&](int p) { return fl::reduce_scatter(input_of(p, empty, dt)); })))
+    for (const fl::Tensor& t :
+         values_of(run_spmd(g, [&](int p) { return fl::reduce_scatter(input_of(p, empty, dt)); })))
       test::check_tensor(t, {}, empty, dt);
-    for (const fl::Tensor& t : values_of(run_spmd(g, [&](int p) { return fl::all_gather(input_of(p, fl::Shape{3, 0}, dt)); })))
+    for (const fl::Tensor& t : values_of(run_spmd(g, [&](int p) {
+           return fl::all_gather(input_of(p, fl::Shape{3, 0}, dt));
+         })))
       test::check_tensor(t, {}, fl::Shape{6, 0}, dt);
   }
 }
@@ -277,10 +280,11 @@ TEST_CASE("barrier: returns on every participant once all have called it") {
 
   // Traced: the barrier node has no outputs and runs at every call.
   std::vector<std::function<fl::Tensor(fl::Tensor)>> traced;
-  for (int p = 0; p < 3; ++p) traced.push_back(fl::trace([](fl::Tensor x) {
-    fl::barrier();
-    return x * 2.0f;
-  }));
+  for (int p = 0; p < 3; ++p)
+    traced.push_back(fl::trace([](fl::Tensor x) {
+      fl::barrier();
+      return x * 2.0f;
+    }));
   for (int call = 0; call < 3; ++call) {
     CAPTURE(call);
     arrived.store(0);
@@ -316,14 +320,17 @@ TEST_CASE("traced collectives give the eager results, at every call, in program 
     const auto got = values_of(run_spmd(g, [&](int p) {
       return traced[static_cast<size_t>(p)](input_of(p, kShape, fl::f32) + static_cast<float>(call));
     }));
-    const auto want = values_of(run_spmd(g, [&](int p) { return step(input_of(p, kShape, fl::f32) + static_cast<float>(call)); }));
+    const auto want =
+        values_of(run_spmd(g, [&](int p) { return step(input_of(p, kShape, fl::f32) + static_cast<float>(call)); }));
     for (int p = 0; p < 3; ++p) {
       CAPTURE(p);
       test::check_tensor(got[static_cast<size_t>(p)], test::values(want[static_cast<size_t>(p)]),
                          want[static_cast<size_t>(p)].shape(), fl::f32, test::Tolerance{0, 0});
     }
     if (call == 0) {
-      for (int p = 0; p < 3; ++p) test::check_tensor(want[static_cast<size_t>(p)], test::values(eager[static_cast<size_t>(p)]), eager[static_cast<size_t>(p)].shape(), fl::f32);
+      for (int p = 0; p < 3; ++p)
+        test::check_tensor(want[static_cast<size_t>(p)], test::values(eager[static_cast<size_t>(p)]),
+                           eager[static_cast<size_t>(p)].shape(), fl::f32);
     }
   }
 }
@@ -369,7 +376,8 @@ TEST_CASE("traced collectives equal eager ones in every dtype") {
       REQUIRE(got[static_cast<size_t>(p)].size() == want.size());
       for (size_t k = 0; k < want.size(); ++k) {
         CAPTURE(k);
-        test::check_tensor(got[static_cast<size_t>(p)][k], test::values(want[k]), want[k].shape(), dt, test::Tolerance{0, 0});
+        test::check_tensor(got[static_cast<size_t>(p)][k], test::values(want[k]), want[k].shape(), dt,
+                           test::Tolerance{0, 0});
       }
     }
   }
@@ -383,8 +391,8 @@ TEST_CASE("a traced collective is a stateful node on the participant's device: n
     const fl::Tensor constant = input_of(p, kShape, fl::f32);
     auto fn = fl::trace([&constant](fl::Tensor x) {
       (void)fl::all_reduce(x);
-      (void)fl::all_reduce(x);  // the same call twice: never merged
-      fl::barrier();            // no outputs at all
+      (void)fl::all_reduce(x);              // the same call twice: never merged
+      fl::barrier();                        // no outputs at all
       return x + fl::all_reduce(constant);  // a constant input: never folded
     });
     const fl::Tensor x = input_of(p, kShape, fl::f32);
@@ -462,7 +470,8 @@ void check_spmd_gradient(const Group& g, const CollectiveFn& fn, const fl::Shape
 // Normal values per participant: distinct across participants, so max and min have no ties.
 std::vector<std::vector<double>> random_inputs(int participants, int64_t count, uint64_t seed) {
   std::vector<std::vector<double>> inputs;
-  for (int p = 0; p < participants; ++p) inputs.push_back(test::random_values(count, seed + 31 * static_cast<uint64_t>(p), fl::f64));
+  for (int p = 0; p < participants; ++p)
+    inputs.push_back(test::random_values(count, seed + 31 * static_cast<uint64_t>(p), fl::f64));
   return inputs;
 }
 
@@ -475,19 +484,23 @@ TEST_CASE("gradients of every collective match finite differences of the SPMD lo
     const auto inputs = random_inputs(participants, shape.numel(), 40 + static_cast<uint64_t>(participants));
     for (ReduceOp op : kReductions) {
       INFO("participants ", participants, ", reduction ", fl::to_string(op));
-      check_spmd_gradient(g, [op](const fl::Tensor& x) { return fl::all_reduce(x, op); }, shape, inputs);
-      check_spmd_gradient(g, [op](const fl::Tensor& x) { return fl::reduce_scatter(x, op); }, shape, inputs);
+      check_spmd_gradient(
+          g, [op](const fl::Tensor& x) { return fl::all_reduce(x, op); }, shape, inputs);
+      check_spmd_gradient(
+          g, [op](const fl::Tensor& x) { return fl::reduce_scatter(x, op); }, shape, inputs);
     }
     INFO("participants ", participants);
-    check_spmd_gradient(g, [](const fl::Tensor& x) { return fl::broadcast(x, 1); }, shape, inputs);
-    check_spmd_gradient(g, [](const fl::Tensor& x) { return fl::all_gather(x); }, shape, inputs);
+    check_spmd_gradient(
+        g, [](const fl::Tensor& x) { return fl::broadcast(x, 1); }, shape, inputs);
+    check_spmd_gradient(
+        g, [](const fl::Tensor& x) { return fl::all_gather(x); }, shape, inputs);
     // A scalar gathers into [P]; its gradient comes back as a scalar.
-    check_spmd_gradient(g, [](const fl::Tensor& x) { return fl::all_gather(x); }, fl::Shape{},
-                        random_inputs(participants, 1, 77));
+    check_spmd_gradient(
+        g, [](const fl::Tensor& x) { return fl::all_gather(x); }, fl::Shape{}, random_inputs(participants, 1, 77));
     // Collectives composed with other ops, differentiated through each other.
     check_spmd_gradient(
-        g, [](const fl::Tensor& x) { return fl::all_gather(fl::tanh(fl::all_reduce(x * x, ReduceOp::mean))); },
-        shape, inputs);
+        g, [](const fl::Tensor& x) { return fl::all_gather(fl::tanh(fl::all_reduce(x * x, ReduceOp::mean))); }, shape,
+        inputs);
   }
 }
 
@@ -557,7 +570,8 @@ TEST_CASE("a traced training step differentiates through its collectives like th
   std::vector<std::function<fl::Tensor(fl::Tensor)>> traced;
   for (int p = 0; p < 2; ++p) traced.push_back(fl::trace([&](fl::Tensor x) { return step(x); }));
   for (int call = 0; call < 2; ++call) {
-    const auto got = values_of(run_spmd(g, [&](int p) { return traced[static_cast<size_t>(p)](input_of(p, kShape, fl::f64)); }));
+    const auto got =
+        values_of(run_spmd(g, [&](int p) { return traced[static_cast<size_t>(p)](input_of(p, kShape, fl::f64)); }));
     for (int p = 0; p < 2; ++p) {
       CAPTURE(p);
       test::check_tensor(got[static_cast<size_t>(p)], test::values(eager[static_cast<size_t>(p)]), kShape, fl::f64);
@@ -581,10 +595,15 @@ TEST_CASE("participants that disagree all fail, whatever they disagree on, and n
     std::function<fl::Tensor(int)> call;
   };
   const std::vector<Disagreement> cases = {
-      {"shape", [](int p) { return fl::all_reduce(input_of(p, p == 1 ? fl::Shape{3, 2} : kShape, fl::f32)); }},
+      {"shape",
+       [](int p) {
+         return fl::all_reduce(input_of(p, p == 1 ? fl::Shape{3, 2} : kShape, fl::f32));
+       }},
       {"dtype", [](int p) { return fl::all_reduce(input_of(p, kShape, p == 1 ? fl::f64 : fl::f32)); }},
-      {"reduction", [](int p) { return fl::all_reduce(input_of(p, kShape, fl::f32), p == 1 ? ReduceOp::max : ReduceOp::sum); }},
-      {"collective", [](int p) {
+      {"reduction",
+       [](int p) { return fl::all_reduce(input_of(p, kShape, fl::f32), p == 1 ? ReduceOp::max : ReduceOp::sum); }},
+      {"collective",
+       [](int p) {
          const fl::Tensor x = input_of(p, kShape, fl::f32);
          return p == 1 ? fl::broadcast(x, 0) : fl::all_reduce(x);
        }},
@@ -596,7 +615,8 @@ TEST_CASE("participants that disagree all fail, whatever they disagree on, and n
     const auto outcomes = run_spmd(g, d.call);
     check_all_threw<fl::Error>(outcomes, {std::string("participants disagree on the ") + d.what});
     // The same communicator still works afterwards.
-    for (const fl::Tensor& t : values_of(run_spmd(g, [](int p) { return fl::all_reduce(input_of(p, kShape, fl::f32)); })))
+    for (const fl::Tensor& t :
+         values_of(run_spmd(g, [](int p) { return fl::all_reduce(input_of(p, kShape, fl::f32)); })))
       test::check_tensor(t, all_reduce_ref(3, kShape.numel(), ReduceOp::sum, fl::f32), kShape, fl::f32);
   }
 }
@@ -662,17 +682,24 @@ TEST_CASE("argument errors name the op and what is wrong") {
   const fd::ReplicaContext replica{communicator, 0, nullptr};
   const fd::ReplicaScope scope(&replica);
   const fl::Tensor here = fl::ones({4, 2}).to(fl::Device("cpu:1"));
-  test::check_op_throws<fl::DeviceError>("all_reduce", [&] { (void)fl::all_reduce(fl::ones({4, 2})); },
+  test::check_op_throws<fl::DeviceError>("all_reduce",
+                                         [&] {
+                                           (void)fl::all_reduce(fl::ones({4, 2}));
+                                         },
                                          {"cpu:0", "cpu:1", "participant 0"});
-  test::check_op_throws<fl::DeviceError>("all_gather", [&] { (void)fl::all_gather(fl::ones({4})); }, {"cpu:0", "cpu:1"});
+  test::check_op_throws<fl::DeviceError>("all_gather", [&] { (void)fl::all_gather(fl::ones({4})); },
+                                         {"cpu:0", "cpu:1"});
   test::check_op_throws<fl::InvalidArgument>("broadcast", [&] { (void)fl::broadcast(here, 1); }, {"root 1", "[0, 1)"});
   test::check_op_throws<fl::InvalidArgument>("broadcast", [&] { (void)fl::broadcast(here, -1); }, {"root -1"});
-  test::check_op_throws<fl::ShapeError>("reduce_scatter", [&] { (void)fl::reduce_scatter(fl::scalar(1.0f).to(here.device())); },
-                                        {"[]", "1 equal parts"});
+  test::check_op_throws<fl::ShapeError>(
+      "reduce_scatter", [&] { (void)fl::reduce_scatter(fl::scalar(1.0f).to(here.device())); }, {"[]", "1 equal parts"});
   const fl::Tensor flags = test::make({1, 0}, fl::Shape{2}, fl::b8).to(here.device());
-  test::check_op_throws<fl::DTypeError>("all_reduce", [&] { (void)fl::all_reduce(flags, ReduceOp::sum); }, {"b8", "sum"});
-  test::check_op_throws<fl::DTypeError>("all_reduce", [&] { (void)fl::all_reduce(flags, ReduceOp::mean); }, {"b8", "mean"});
-  test::check_op_throws<fl::DTypeError>("reduce_scatter", [&] { (void)fl::reduce_scatter(flags, ReduceOp::sum); }, {"b8"});
+  test::check_op_throws<fl::DTypeError>("all_reduce", [&] { (void)fl::all_reduce(flags, ReduceOp::sum); },
+                                        {"b8", "sum"});
+  test::check_op_throws<fl::DTypeError>("all_reduce", [&] { (void)fl::all_reduce(flags, ReduceOp::mean); },
+                                        {"b8", "mean"});
+  test::check_op_throws<fl::DTypeError>("reduce_scatter", [&] { (void)fl::reduce_scatter(flags, ReduceOp::sum); },
+                                        {"b8"});
   for (const auto& call : std::vector<std::function<void()>>{
            [] { (void)fl::all_reduce(fl::Tensor()); }, [] { (void)fl::broadcast(fl::Tensor()); },
            [] { (void)fl::all_gather(fl::Tensor()); }, [] { (void)fl::reduce_scatter(fl::Tensor()); }}) {
@@ -729,8 +756,8 @@ TEST_CASE("headers are checked on an eager signature's first successful call and
   CHECK(fd::should_check_header(attrs, x, /*traced=*/false));
   fd::mark_verified(attrs, x, false);
   CHECK_FALSE(fd::should_check_header(attrs, x, false));
-  CHECK(fd::should_check_header(attrs, fl::ones({4}).to(x.device()), false));            // another shape
-  CHECK(fd::should_check_header(attrs, fl::ones({3}, fl::f64).to(x.device()), false));   // another dtype
+  CHECK(fd::should_check_header(attrs, fl::ones({4}).to(x.device()), false));           // another shape
+  CHECK(fd::should_check_header(attrs, fl::ones({3}, fl::f64).to(x.device()), false));  // another dtype
   fd::CollectiveAttrs other = attrs;
   other.op = ReduceOp::max;
   CHECK(fd::should_check_header(other, x, false));  // another reduction
@@ -761,7 +788,8 @@ TEST_CASE("a collective runs on its participant's device inside a DeviceScope fo
     const fl::Tensor x = input_of(p, kShape, fl::f32);
     const fl::Tensor y = traced[static_cast<size_t>(p)](x);
     for (const fl::Node& n : traced[static_cast<size_t>(p)].graph(x).nodes()) {
-      if (!n.removed && n.op != nullptr && n.op->name == "all_reduce" && n.device != g.device(p)) ++misplaced[static_cast<size_t>(p)];
+      if (!n.removed && n.op != nullptr && n.op->name == "all_reduce" && n.device != g.device(p))
+        ++misplaced[static_cast<size_t>(p)];
     }
     // Eagerly the scope does not move the input either: the participant's device is the op's.
     const fl::Tensor view = fl::transpose(input_of(p, fl::Shape{3, 2}, fl::f32));  // made outside the scope

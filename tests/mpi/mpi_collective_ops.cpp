@@ -92,7 +92,9 @@ TEST_CASE("all_reduce: every reduction in every dtype") {
   for (fl::DType dt : kEvery) {
     for (ReduceOp op : reductions_for(dt)) {
       INFO("dtype ", fl::dtype_name(dt), ", op ", fl::to_string(op));
-      guarded([&] { test::check_tensor(fl::all_reduce(input_of(rank(), shape, dt), op), all_reduce_ref(6, op, dt), shape, dt); });
+      guarded([&] {
+        test::check_tensor(fl::all_reduce(input_of(rank(), shape, dt), op), all_reduce_ref(6, op, dt), shape, dt);
+      });
     }
   }
 }
@@ -124,11 +126,14 @@ TEST_CASE("broadcast, all_gather and reduce_scatter in every dtype; barrier") {
     }
   }
   guarded([] {
-    test::check_tensor(fl::all_gather(fl::scalar(static_cast<int64_t>(rank()))), [] {
-      std::vector<double> v;
-      for (int r = 0; r < ranks(); ++r) v.push_back(r);
-      return v;
-    }(), fl::Shape{ranks()}, fl::i64);
+    test::check_tensor(
+        fl::all_gather(fl::scalar(static_cast<int64_t>(rank()))),
+        [] {
+          std::vector<double> v;
+          for (int r = 0; r < ranks(); ++r) v.push_back(r);
+          return v;
+        }(),
+        fl::Shape{ranks()}, fl::i64);
     test::check_tensor(fl::all_reduce(fl::zeros(fl::Shape{0, 3})), {}, fl::Shape{0, 3}, fl::f32);
     fl::barrier();
   });
@@ -169,8 +174,11 @@ TEST_CASE("gradients across processes match finite differences of the SPMD loss"
     INFO(label);
     guarded([&] {
       // Normal values, distinct over ranks (no ties for max and min).
-      const std::vector<double> mine = test::random_values(shape.numel(), 500 + 17 * static_cast<uint64_t>(rank()), fl::f64);
-      auto weights = [&](const fl::Tensor& y) { return test::random_tensor(y.shape(), 900 + static_cast<uint64_t>(rank()), fl::f64); };
+      const std::vector<double> mine =
+          test::random_values(shape.numel(), 500 + 17 * static_cast<uint64_t>(rank()), fl::f64);
+      auto weights = [&](const fl::Tensor& y) {
+        return test::random_tensor(y.shape(), 900 + static_cast<uint64_t>(rank()), fl::f64);
+      };
       // The SPMD loss with element i of rank `who`'s input moved by `delta`, on every rank.
       auto total_loss = [&](int who, int64_t i, double delta) {
         std::vector<double> v = mine;
@@ -202,10 +210,14 @@ TEST_CASE("ranks that disagree all fail with an error naming the difference, and
     std::function<fl::Tensor()> call;
   };
   const std::vector<Disagreement> cases = {
-      {"shape", [] { return fl::all_reduce(fl::ones(rank() == 1 ? fl::Shape{7, 5} : fl::Shape{5, 7})); }},
+      {"shape",
+       [] {
+         return fl::all_reduce(fl::ones(rank() == 1 ? fl::Shape{7, 5} : fl::Shape{5, 7}));
+       }},
       {"dtype", [] { return fl::all_reduce(fl::ones(fl::Shape{4}, rank() == 1 ? fl::f64 : fl::f32)); }},
       {"reduction", [] { return fl::all_reduce(fl::ones(fl::Shape{4}), rank() == 1 ? ReduceOp::max : ReduceOp::sum); }},
-      {"collective", [] { return rank() == 1 ? fl::broadcast(fl::ones(fl::Shape{4})) : fl::all_reduce(fl::ones(fl::Shape{4})); }},
+      {"collective",
+       [] { return rank() == 1 ? fl::broadcast(fl::ones(fl::Shape{4})) : fl::all_reduce(fl::ones(fl::Shape{4})); }},
   };
   // Signatures no rank has completed before: eager calls check headers on a signature's first
   // successful use (src/collective/ops/header_checks.hpp), and a failed call does not count.
@@ -214,8 +226,8 @@ TEST_CASE("ranks that disagree all fail with an error naming the difference, and
     test::check_throws<fl::Error>([&] { (void)d.call(); }, {std::string("disagree on the ") + d.what});
     // The next collective works on every rank.
     guarded([] {
-      test::check_tensor(fl::all_reduce(fl::ones(fl::Shape{2})), {static_cast<double>(ranks()), static_cast<double>(ranks())},
-                         fl::Shape{2}, fl::f32);
+      test::check_tensor(fl::all_reduce(fl::ones(fl::Shape{2})),
+                         {static_cast<double>(ranks()), static_cast<double>(ranks())}, fl::Shape{2}, fl::f32);
     });
   }
   // Traced: each rank's node checks its header on its first run.
@@ -270,10 +282,14 @@ TEST_CASE("collectives over two local participants per process: eager, traced an
   std::vector<std::string> errors;
 
   // all_reduce sum and max, all_gather in participant order, reduce_scatter part per participant.
-  const auto sums = run_local_replicas(communicator, [&](int local) { return fl::all_reduce(input(local)); }, errors);
-  const auto maxima = run_local_replicas(communicator, [&](int local) { return fl::all_reduce(input(local), ReduceOp::max); }, errors);
-  const auto gathered = run_local_replicas(communicator, [&](int local) { return fl::all_gather(input(local)); }, errors);
-  const auto parts = run_local_replicas(communicator, [&](int local) { return fl::reduce_scatter(input(local)); }, errors);
+  const auto sums = run_local_replicas(
+      communicator, [&](int local) { return fl::all_reduce(input(local)); }, errors);
+  const auto maxima = run_local_replicas(
+      communicator, [&](int local) { return fl::all_reduce(input(local), ReduceOp::max); }, errors);
+  const auto gathered = run_local_replicas(
+      communicator, [&](int local) { return fl::all_gather(input(local)); }, errors);
+  const auto parts = run_local_replicas(
+      communicator, [&](int local) { return fl::reduce_scatter(input(local)); }, errors);
   const int64_t count = 2 * participants;
   std::vector<double> sum(static_cast<size_t>(count), 0), maximum(static_cast<size_t>(count), -1e9), all;
   for (int p = 0; p < participants; ++p) {
@@ -303,19 +319,24 @@ TEST_CASE("collectives over two local participants per process: eager, traced an
     steps.push_back(fl::trace([](fl::Tensor x) { return fl::all_gather(fl::reduce_scatter(x, ReduceOp::sum)); }));
   }
   for (int call = 0; call < 2; ++call) {
-    const auto got = run_local_replicas(communicator, [&](int local) { return steps[static_cast<size_t>(local)](input(local)); }, errors);
-    for (int local = 0; local < 2 && errors.empty(); ++local) test::check_tensor(got[static_cast<size_t>(local)], sum, fl::Shape{participants, 2}, fl::f32);
+    const auto got = run_local_replicas(
+        communicator, [&](int local) { return steps[static_cast<size_t>(local)](input(local)); }, errors);
+    for (int local = 0; local < 2 && errors.empty(); ++local)
+      test::check_tensor(got[static_cast<size_t>(local)], sum, fl::Shape{participants, 2}, fl::f32);
   }
 
   // Gradient of L = sum over participants of sum(all_reduce(x, mean) * (participant + 1)):
   // dL/dx = sum_p (p + 1) / participants, the same for every participant.
-  const auto grads = run_local_replicas(communicator, [&](int local) {
-    const fl::Tensor x = input(local);
-    fl::GradientTape tape;
-    tape.watch(x);
-    const fl::Tensor loss = fl::sum(fl::all_reduce(x, ReduceOp::mean) * static_cast<float>(participant(local) + 1));
-    return tape.gradient(loss, {x})[0];
-  }, errors);
+  const auto grads = run_local_replicas(
+      communicator,
+      [&](int local) {
+        const fl::Tensor x = input(local);
+        fl::GradientTape tape;
+        tape.watch(x);
+        const fl::Tensor loss = fl::sum(fl::all_reduce(x, ReduceOp::mean) * static_cast<float>(participant(local) + 1));
+        return tape.gradient(loss, {x})[0];
+      },
+      errors);
   const double slope = (participants + 1) / 2.0;
   for (int local = 0; local < 2 && errors.empty(); ++local) {
     test::check_tensor(grads[static_cast<size_t>(local)], std::vector<double>(static_cast<size_t>(count), slope),

@@ -165,11 +165,16 @@ constinit Op barrier_op = make_collective_op("barrier", 0, nullptr);
 
 const Op& op_of(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::all_reduce: return all_reduce_op;
-    case CollectiveKind::broadcast: return broadcast_op;
-    case CollectiveKind::all_gather: return all_gather_op;
-    case CollectiveKind::reduce_scatter: return reduce_scatter_op;
-    case CollectiveKind::barrier: return barrier_op;
+    case CollectiveKind::all_reduce:
+      return all_reduce_op;
+    case CollectiveKind::broadcast:
+      return broadcast_op;
+    case CollectiveKind::all_gather:
+      return all_gather_op;
+    case CollectiveKind::reduce_scatter:
+      return reduce_scatter_op;
+    case CollectiveKind::barrier:
+      return barrier_op;
   }
   fail<InvalidArgument>("collective: unknown kind {}", static_cast<int>(kind));
 }
