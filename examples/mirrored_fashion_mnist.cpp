@@ -22,6 +22,7 @@
 #include <flowlet/flowlet.hpp>
 
 #include "collective_overlap.hpp"
+#include "fashion_mnist_mlp.hpp"
 
 namespace fl = flowlet;
 
@@ -42,10 +43,7 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw fl::InvalidArgument("mirrored_fashion_mnist: " + arg + " needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return examples::option_value(argc, argv, i, "mirrored_fashion_mnist"); };
     if (arg == "--replicas") o.replicas = std::stoi(value());
     else if (arg == "--epochs") o.epochs = std::stoi(value());
     else if (arg == "--steps") o.steps = std::stoll(value());
@@ -63,22 +61,8 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// Fraction of correctly classified test examples (outside run(): the model reads replica 0's copies).
-double accuracy(fl::nn::Module& model, const fl::data::Dataset& set) {
-  constexpr int64_t kChunk = 2000;
-  const int64_t n = set.images.shape()[0];
-  int64_t correct = 0;
-  for (int64_t start = 0; start < n; start += kChunk) {
-    const int64_t length = std::min(kChunk, n - start);
-    const fl::Tensor logits = model(fl::slice(set.images, 0, start, length));
-    correct += fl::sum(fl::argmax(logits, 1) == fl::slice(set.labels, 0, start, length)).item<int64_t>();
-  }
-  return static_cast<double>(correct) / static_cast<double>(n);
-}
+using examples::accuracy;  // outside run(): the model reads replica 0's copies
+using examples::seconds_since;
 
 int run(const Options& o) {
   if (o.replicas > 1) fl::set_logical_cpu_devices(o.replicas);
@@ -102,18 +86,11 @@ int run(const Options& o) {
   fl::nn::Sequential model;
   {
     auto scope = dp.scope();  // mirrored: every replica starts from replica 0's initial weights
-    model.add<fl::nn::Linear>(784, 256, o.seed, "hidden");
-    model.add([](const fl::Tensor& x) { return fl::relu(x); });
-    model.add<fl::nn::Linear>(256, 10, o.seed + 1, "logits");
+    examples::build_model(model, o.seed);
   }
   const std::vector<fl::Variable> params = model.parameters();
   fl::optim::Adam optimizer(o.lr);
-  auto step = [&](fl::Tensor images, fl::Tensor labels) {
-    fl::GradientTape tape;
-    fl::Tensor loss = fl::mean(fl::softmax_cross_entropy(model(images), labels));
-    optimizer.apply(tape.gradient(loss, params), params);  // averages over all replicas first
-    return loss;
-  };
+  auto step = examples::make_step(model, optimizer, params);  // its update averages over all replicas first
 
   fl::data::Batches batches(train, o.batch_size, o.seed);
   const auto start = std::chrono::steady_clock::now();

@@ -19,6 +19,7 @@
 #include <flowlet/data/fashion_mnist.hpp>
 #include <flowlet/flowlet.hpp>
 
+#include "fashion_mnist_mlp.hpp"
 #include "svg_chart.hpp"
 
 namespace fl = flowlet;
@@ -41,10 +42,7 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw fl::InvalidArgument("train_fashion_mnist: " + arg + " needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return examples::option_value(argc, argv, i, "train_fashion_mnist"); };
     if (arg == "--epochs") o.epochs = std::stoi(value());
     else if (arg == "--batch-size") o.batch_size = std::stoll(value());
     else if (arg == "--lr") o.lr = std::stod(value());
@@ -60,22 +58,10 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// Fraction of correctly classified examples, evaluated in chunks.
-double accuracy(fl::nn::Module& model, const fl::data::Dataset& set) {
-  constexpr int64_t kChunk = 2000;
-  const int64_t n = set.images.shape()[0];
-  int64_t correct = 0;
-  for (int64_t start = 0; start < n; start += kChunk) {
-    const int64_t length = std::min(kChunk, n - start);
-    const fl::Tensor logits = model(fl::slice(set.images, 0, start, length));
-    correct += fl::sum(fl::argmax(logits, 1) == fl::slice(set.labels, 0, start, length)).item<int64_t>();
-  }
-  return static_cast<double>(correct) / static_cast<double>(n);
-}
+using examples::accuracy;
+using examples::build_model;
+using examples::make_step;
+using examples::seconds_since;
 
 void progress(int epoch, int epochs, int64_t done, int64_t total, double loss, double images_per_second) {
   constexpr int kWidth = 30;
@@ -84,23 +70,6 @@ void progress(int epoch, int epochs, int64_t done, int64_t total, double loss, d
                std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
                static_cast<long long>(done), static_cast<long long>(total), loss, images_per_second);
   std::fflush(stdout);
-}
-
-void build_model(fl::nn::Sequential& model, uint64_t seed) {
-  model.add<fl::nn::Linear>(784, 256, seed, "hidden");
-  model.add([](const fl::Tensor& x) { return fl::relu(x); });
-  model.add<fl::nn::Linear>(256, 10, seed + 1, "logits");
-}
-
-// One training step: forward, gradients, Adam update; returns the batch's mean loss. The same
-// function runs eagerly or, wrapped in fl::trace, as one graph (forward, backward and update).
-auto make_step(fl::nn::Sequential& model, fl::optim::Adam& optimizer, std::vector<fl::Variable> params) {
-  return [&model, &optimizer, params](fl::Tensor images, fl::Tensor labels) {
-    fl::GradientTape tape;
-    fl::Tensor loss = fl::mean(fl::softmax_cross_entropy(model(images), labels));
-    optimizer.apply(tape.gradient(loss, params), params);
-    return loss;
-  };
 }
 
 // Times `steps` training steps eagerly and traced on a scratch model (the real one is untouched).

@@ -12,77 +12,31 @@
 #include "collective/communicator.hpp"
 #include "collective/transport/backends.hpp"
 #include "collective/transport/process.hpp"
+#include "support/communicator.hpp"
 #include "support/gpu.hpp"
 #include "support/reference.hpp"
+#include "support/replicas.hpp"
 
 namespace {
 
 using fl::detail::CollectiveCall;
 using fl::detail::CollectiveKind;
 using fl::detail::Communicator;
+using test::call_of;
+using test::Outcome;
+using test::rethrow;
+using test::run_all;
 
-void ensure_devices() {
-  static const bool configured = [] {
-    fl::set_logical_cpu_devices(4);
-    return true;
-  }();
-  (void)configured;
-}
+void ensure_devices() { test::ensure_cpu_devices(4); }
 
-std::vector<fl::Device> cpus(int n) {
-  std::vector<fl::Device> devices;
-  for (int i = 0; i < n; ++i) devices.emplace_back(fl::DeviceKind::cpu, i);
-  return devices;
-}
+std::vector<fl::Device> cpus(int n) { return test::cpu_devices(n); }
 
 std::shared_ptr<Communicator> local_communicator(int n, double timeout = 30) {
   ensure_devices();
   return fl::detail::make_communicator(cpus(n), {.timeout_seconds = timeout});
 }
 
-CollectiveCall call_of(CollectiveKind kind, fl::Tensor input, fl::ReduceOp op = fl::ReduceOp::sum, int root = 0) {
-  CollectiveCall call;
-  call.kind = kind;
-  call.op = op;
-  call.root = root;
-  call.input = std::move(input);
-  return call;
-}
-
-// One participant's outcome: its result, or the error it got.
-struct Outcome {
-  fl::Tensor result;
-  std::exception_ptr error;
-};
-
-// Runs participant i's call (made by make_call(i)) on its own thread, every participant at once.
-std::vector<Outcome> run_all(Communicator& comm, const std::function<CollectiveCall(int)>& make_call,
-                             const std::vector<int>& who = {}) {
-  std::vector<int> participants = who;
-  if (participants.empty()) {
-    for (int i = 0; i < comm.local_size(); ++i) participants.push_back(i);
-  }
-  std::vector<Outcome> outcomes(static_cast<size_t>(comm.local_size()));
-  std::vector<std::thread> threads;
-  for (int i : participants) {
-    threads.emplace_back([&, i] {
-      try {
-        outcomes[static_cast<size_t>(i)].result = comm.run(i, make_call(i));
-      } catch (...) {
-        outcomes[static_cast<size_t>(i)].error = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return outcomes;
-}
-
 fl::Tensor on(const fl::Tensor& t, int device) { return t.to(fl::Device(fl::DeviceKind::cpu, device)); }
-
-// Rethrows participant i's error (for check_throws), or fails when there is none.
-void rethrow(const Outcome& o) {
-  if (o.error) std::rethrow_exception(o.error);
-}
 
 // The participant's error message, or empty when it succeeded.
 std::string outcome_error(const Outcome& o) {
@@ -504,27 +458,13 @@ TEST_CASE("participants that do not arrive: DeadlineExceeded names them, late on
 TEST_CASE("start() returns at once and matches calls by number, many in flight") {
   auto comm = local_communicator(3);
   constexpr int kCalls = 200;
-  std::vector<std::promise<fl::Tensor>> results(3 * kCalls);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 3; ++i) {
-    threads.emplace_back([&, i] {
-      for (int k = 0; k < kCalls; ++k) {
-        comm->start(i, call_of(CollectiveKind::all_reduce, on(test::make({1.0 * k + i}), i)),
-                    [&, i, k](fl::Tensor r, std::exception_ptr e) {
-                      if (e) {
-                        results[i * kCalls + k].set_exception(e);
-                      } else {
-                        results[i * kCalls + k].set_value(std::move(r));
-                      }
-                    });
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<fl::Tensor> results = test::start_in_flight(*comm, 3, kCalls, [&](int i, int k) {
+    return call_of(CollectiveKind::all_reduce, on(test::make({1.0 * k + i}), i));
+  });
   bool all_right = true;
   for (int i = 0; i < 3; ++i) {
     for (int k = 0; k < kCalls; ++k) {
-      const double got = test::values(results[i * kCalls + k].get_future().get())[0];
+      const double got = test::values(results[i * kCalls + k])[0];
       all_right = all_right && got == 3.0 * k + 3;  // (k + 0) + (k + 1) + (k + 2)
     }
   }

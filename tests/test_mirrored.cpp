@@ -15,23 +15,16 @@
 #include "collective/replica_context.hpp"
 #include "flowlet/mirrored.hpp"
 #include "support/reference.hpp"
+#include "support/replicas.hpp"
 
 namespace {
 
-// The device count is process-wide and doctest does not promise an order: every case calls this.
-void ensure_devices() {
-  static const bool configured = [] {
-    fl::set_logical_cpu_devices(4);
-    return true;
-  }();
-  (void)configured;
-}
+using test::make_step;
 
-std::vector<fl::Device> first_devices(int n) {
-  std::vector<fl::Device> devices;
-  for (int i = 0; i < n; ++i) devices.emplace_back(fl::DeviceKind::cpu, i);
-  return devices;
-}
+// The device count is process-wide and doctest does not promise an order: every case calls this.
+void ensure_devices() { test::ensure_cpu_devices(4); }
+
+std::vector<fl::Device> first_devices(int n) { return test::cpu_devices(n); }
 
 // Short timeouts: a test that goes wrong fails in seconds instead of waiting 300 s.
 fl::MirroredOptions quick_options() {
@@ -52,17 +45,6 @@ std::pair<fl::Tensor, fl::Tensor> batch(int k, int64_t rows) {
   fl::Tensor x = fl::randn({rows, 6}, /*seed=*/100 + static_cast<uint64_t>(k));
   fl::Tensor y = fl::argmax(fl::randn({rows, 3}, /*seed=*/500 + static_cast<uint64_t>(k)), 1);
   return {x, y};
-}
-
-template <class Optimizer>
-auto make_step(fl::nn::Sequential& model, Optimizer& optimizer) {
-  return [&model, &optimizer](fl::Tensor x, fl::Tensor y) {
-    const std::vector<fl::Variable> params = model.parameters();
-    fl::GradientTape tape;
-    fl::Tensor loss = fl::mean(fl::softmax_cross_entropy(model(x), y));
-    optimizer.apply(tape.gradient(loss, params), params);
-    return loss;
-  };
 }
 
 // Trains the MLP for `steps` steps on one device (the full batch each step, the step traced) and

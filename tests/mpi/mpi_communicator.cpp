@@ -8,35 +8,25 @@
 
 #include "collective/communicator.hpp"
 #include "collective/transport/process.hpp"
+#include "support/communicator.hpp"
 #include "support/reference.hpp"
+#include "support/replicas.hpp"
 
 namespace {
 
 using fl::detail::CollectiveCall;
 using fl::detail::CollectiveKind;
 using fl::detail::Communicator;
+using test::call_of;
+using test::Outcome;
+using test::rethrow;
+using test::run_all;
+using test::run_one;
 
-void ensure_devices() {
-  static const bool configured = [] {
-    fl::set_logical_cpu_devices(2);
-    return true;
-  }();
-  (void)configured;
-}
+void ensure_devices() { test::ensure_cpu_devices(2); }
 
 int rank() { return fl::process_index(); }
 int procs() { return fl::process_count(); }
-
-CollectiveCall call_of(CollectiveKind kind, fl::Tensor input, fl::ReduceOp op = fl::ReduceOp::sum, int root = 0,
-                       bool check_header = true) {
-  CollectiveCall call;
-  call.kind = kind;
-  call.op = op;
-  call.root = root;
-  call.input = std::move(input);
-  call.check_header = check_header;
-  return call;
-}
 
 bool expect(const fl::Tensor& got, const std::vector<double>& want, const fl::Shape& shape,
             std::source_location loc = std::source_location::current()) {
@@ -46,11 +36,6 @@ bool expect(const fl::Tensor& got, const std::vector<double>& want, const fl::Sh
   }
   return test::check_tensor(got, want, shape, got.dtype(), std::nullopt, loc);
 }
-
-struct Outcome {
-  fl::Tensor result;
-  std::exception_ptr error;
-};
 
 // The participant's result against `want`; its error, if it got one, is the failure message.
 bool expect(const Outcome& o, const std::vector<double>& want, const fl::Shape& shape,
@@ -64,31 +49,6 @@ bool expect(const Outcome& o, const std::vector<double>& want, const fl::Shape& 
     return false;
   }
   return expect(o.result, want, shape, loc);
-}
-
-void rethrow(const Outcome& o) {
-  if (o.error) std::rethrow_exception(o.error);
-}
-
-Outcome run_one(Communicator& comm, int local, CollectiveCall call) {
-  Outcome o;
-  try {
-    o.result = comm.run(local, std::move(call));
-  } catch (...) {
-    o.error = std::current_exception();
-  }
-  return o;
-}
-
-// Every local participant of `comm` runs make_call(local) on its own thread.
-std::vector<Outcome> run_local(Communicator& comm, const std::function<CollectiveCall(int)>& make_call) {
-  std::vector<Outcome> outcomes(static_cast<size_t>(comm.local_size()));
-  std::vector<std::thread> threads;
-  for (int i = 0; i < comm.local_size(); ++i) {
-    threads.emplace_back([&, i] { outcomes[static_cast<size_t>(i)] = run_one(comm, i, make_call(i)); });
-  }
-  for (auto& t : threads) t.join();
-  return outcomes;
 }
 
 std::shared_ptr<Communicator> world() {
@@ -402,7 +362,7 @@ TEST_CASE("a data-only call that fails inside one process: it fails there, the o
   auto comm = fl::detail::make_communicator({fl::Device("cpu:0"), fl::Device("cpu:1")}, {.timeout_seconds = 2});
   auto on = [&](const fl::Tensor& t, int local) { return t.to(comm->device(local)); };
   const auto first =
-      run_local(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
+      run_all(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
   for (int l = 0; l < 2; ++l) CHECK(expect(first[l], {2.0 * procs()}, {1}));
   if (rank() == 0) {
     // Participant 1 of process 0 never makes call 1 (a data-only call).
@@ -416,12 +376,12 @@ TEST_CASE("a data-only call that fails inside one process: it fails there, the o
     test::check_throws<fl::DeadlineExceeded>([&] { rethrow(late); }, {"did not arrive"});
     // The call never reached the others, so this process's calls no longer line up with theirs:
     // the next call fails at once.
-    const auto later = run_local(*comm, [&](int) { return call_of(CollectiveKind::barrier, fl::Tensor()); });
+    const auto later = run_all(*comm, [&](int) { return call_of(CollectiveKind::barrier, fl::Tensor()); });
     for (int l = 0; l < 2; ++l) {
       test::check_op_throws<fl::DeadlineExceeded>("barrier", [&] { rethrow(later[l]); }, {"cannot be used again"});
     }
   } else {
-    const auto out = run_local(*comm, [&](int l) {
+    const auto out = run_all(*comm, [&](int l) {
       return call_of(CollectiveKind::all_reduce, on(test::make({1}), l), fl::ReduceOp::sum, 0, false);
     });
     for (int l = 0; l < 2; ++l) test::check_op_throws<fl::DeadlineExceeded>("all_reduce", [&] { rethrow(out[l]); });
@@ -468,7 +428,7 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
   auto on = [&](const fl::Tensor& t, int local) { return t.to(comm->device(local)); };
   SUBCASE("all_reduce sum and mean, with and without headers") {
     for (bool check : {true, false}) {
-      const auto out = run_local(*comm, [&](int l) {
+      const auto out = run_all(*comm, [&](int l) {
         const double p = comm->rank_of(l);
         return call_of(CollectiveKind::all_reduce, on(test::make({p, 1, p * p}), l), fl::ReduceOp::sum, 0, check);
       });
@@ -479,7 +439,7 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
         CHECK(out[l].result.device() == comm->device(l));
       }
     }
-    const auto mean = run_local(*comm, [&](int l) {
+    const auto mean = run_all(*comm, [&](int l) {
       return call_of(CollectiveKind::all_reduce, on(test::make({1.0 * comm->rank_of(l)}, fl::bf16), l),
                      fl::ReduceOp::mean);
     });
@@ -487,13 +447,13 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
   }
   SUBCASE("broadcast from a participant of the last process") {
     const int root = n - 1;
-    const auto out = run_local(*comm, [&](int l) {
+    const auto out = run_all(*comm, [&](int l) {
       return call_of(CollectiveKind::broadcast, on(test::make({100.0 + comm->rank_of(l)}), l), fl::ReduceOp::sum, root);
     });
     for (int l = 0; l < 2; ++l) CHECK(expect(out[l], {100.0 + root}, {1}));
   }
   SUBCASE("all_gather in participant order") {
-    const auto out = run_local(*comm, [&](int l) {
+    const auto out = run_all(*comm, [&](int l) {
       return call_of(CollectiveKind::all_gather, on(fl::scalar(int32_t(comm->rank_of(l) * 7)), l));
     });
     std::vector<int32_t> want;
@@ -501,7 +461,7 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
     for (int l = 0; l < 2; ++l) CHECK(out[l].result.to_vector<int32_t>() == want);
   }
   SUBCASE("reduce_scatter: participant i gets part i") {
-    const auto out = run_local(*comm, [&](int l) {
+    const auto out = run_all(*comm, [&](int l) {
       std::vector<double> v(static_cast<size_t>(n));
       for (int k = 0; k < n; ++k) v[k] = k * 100.0 + comm->rank_of(l);
       return call_of(CollectiveKind::reduce_scatter, on(test::make(v), l), fl::ReduceOp::max);
@@ -511,7 +471,7 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
   SUBCASE("a disagreement inside one process fails every participant of every process") {
     // Process 0's second participant passes another shape: process 0 fails it itself, and the
     // header exchange tells the others.
-    const auto out = run_local(*comm, [&](int l) {
+    const auto out = run_all(*comm, [&](int l) {
       return call_of(CollectiveKind::all_reduce, on(fl::zeros(fl::Shape{rank() == 0 && l == 1 ? 4 : 2}), l));
     });
     for (int l = 0; l < 2; ++l) {
@@ -524,11 +484,11 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
       }
     }
     const auto next =
-        run_local(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
+        run_all(*comm, [&](int l) { return call_of(CollectiveKind::all_reduce, on(test::make({1}), l)); });
     for (int l = 0; l < 2; ++l) CHECK(expect(next[l], {1.0 * n}, {1}));
   }
   SUBCASE("a disagreement between processes names both") {
-    const auto out = run_local(*comm, [&](int l) {
+    const auto out = run_all(*comm, [&](int l) {
       return call_of(CollectiveKind::all_gather, on(fl::zeros(fl::Shape{2}, rank() == 1 ? fl::f64 : fl::f32), l));
     });
     for (int l = 0; l < 2; ++l) {
@@ -539,28 +499,12 @@ TEST_CASE("hierarchical: 2 logical CPU devices per process") {
   }
   SUBCASE("many calls in flight keep their order") {
     constexpr int kCalls = 50;
-    std::vector<std::promise<fl::Tensor>> results(2 * kCalls);
-    std::vector<std::thread> threads;
-    for (int l = 0; l < 2; ++l) {
-      threads.emplace_back([&, l] {
-        for (int k = 0; k < kCalls; ++k) {
-          comm->start(l,
-                      call_of(CollectiveKind::all_reduce, on(test::make({1.0 * k}), l), fl::ReduceOp::sum, 0, k == 0),
-                      [&, l, k](fl::Tensor r, std::exception_ptr e) {
-                        if (e) {
-                          results[l * kCalls + k].set_exception(e);
-                        } else {
-                          results[l * kCalls + k].set_value(std::move(r));
-                        }
-                      });
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+    const std::vector<fl::Tensor> results = test::start_in_flight(*comm, 2, kCalls, [&](int l, int k) {
+      return call_of(CollectiveKind::all_reduce, on(test::make({1.0 * k}), l), fl::ReduceOp::sum, 0, k == 0);
+    });
     bool right = true;
     for (int l = 0; l < 2; ++l) {
-      for (int k = 0; k < kCalls; ++k)
-        right = right && test::values(results[l * kCalls + k].get_future().get())[0] == 1.0 * k * n;
+      for (int k = 0; k < kCalls; ++k) right = right && test::values(results[l * kCalls + k])[0] == 1.0 * k * n;
     }
     CHECK(right);
   }

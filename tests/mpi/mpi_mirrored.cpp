@@ -17,23 +17,17 @@
 #include <flowlet/flowlet.hpp>
 #include <flowlet/mirrored.hpp>
 
+#include "support/replicas.hpp"
+
 namespace fl = flowlet;
 
 namespace {
 
-void ensure_devices() {
-  static const bool configured = [] {
-    fl::set_logical_cpu_devices(2);
-    return true;
-  }();
-  (void)configured;
-}
+using test::make_step;
 
-std::vector<fl::Device> local_devices(int n) {
-  std::vector<fl::Device> devices;
-  for (int l = 0; l < n; ++l) devices.emplace_back(fl::DeviceKind::cpu, l);
-  return devices;
-}
+void ensure_devices() { test::ensure_cpu_devices(2); }
+
+std::vector<fl::Device> local_devices(int n) { return test::cpu_devices(n); }
 
 fl::MirroredOptions checked_options() {
   fl::MirroredOptions options;
@@ -52,17 +46,6 @@ void build_mlp(fl::nn::Sequential& model) {
 std::pair<fl::Tensor, fl::Tensor> batch(int k, int64_t rows) {
   return {fl::randn({rows, 5}, 300 + static_cast<uint64_t>(k)),
           fl::argmax(fl::randn({rows, 4}, 700 + static_cast<uint64_t>(k)), 1)};
-}
-
-template <class Optimizer>
-auto make_step(fl::nn::Sequential& model, Optimizer& optimizer) {
-  return [&model, &optimizer](fl::Tensor x, fl::Tensor y) {
-    const std::vector<fl::Variable> params = model.parameters();
-    fl::GradientTape tape;
-    fl::Tensor loss = fl::mean(fl::softmax_cross_entropy(model(x), y));
-    optimizer.apply(tape.gradient(loss, params), params);
-    return loss;
-  };
 }
 
 void check_close(const fl::nn::Sequential& got, const fl::nn::Sequential& want) {
