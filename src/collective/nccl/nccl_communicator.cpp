@@ -102,21 +102,12 @@ class NcclCommunicator final : public Communicator {
         exchange_(
             devices_, rank_ * static_cast<int>(devices_.size()), timeout_seconds, describe_,
             [this](uint64_t number, std::vector<Arrival>& arrivals) {
-              Job job;
-              job.number = number;
-              job.header = make_header(arrivals.front().call);
-              job.check_header = false;
-              for (const Arrival& a : arrivals) job.check_header = job.check_header || a.call.check_header;
+              Job job = job_for_group<Job>(number, arrivals);
               job.arrivals = std::move(arrivals);
               enqueue(std::move(job));
             },
             [this](uint64_t number, const CallHeader& header, bool check_header, std::exception_ptr) {
-              Job job;
-              job.number = number;
-              job.header = header;
-              job.check_header = check_header;
-              job.failed_here = true;
-              enqueue(std::move(job));
+              enqueue(job_failed_here<Job>(number, header, check_header));
             }) {
     const int local = static_cast<int>(devices_.size());
     comms_.assign(devices_.size(), nullptr);

@@ -90,6 +90,30 @@ class LocalExchange {
   std::exception_ptr aborted_;  // set by abort(): every later arrival fails with it
 };
 
+// The start of a cross-process backend's job for a group (its Job has number, header, check_header
+// and failed_here): for a complete group, the first participant's header, checked across processes
+// when any participant asks it; for a group that failed here (LocalExchange::Failed's arguments),
+// marked failed_here so that the other processes still learn of it.
+template <class Job>
+Job job_for_group(uint64_t number, const std::vector<Arrival>& arrivals) {
+  Job job;
+  job.number = number;
+  job.header = make_header(arrivals.front().call);
+  job.check_header = false;
+  for (const Arrival& a : arrivals) job.check_header = job.check_header || a.call.check_header;
+  return job;
+}
+
+template <class Job>
+Job job_failed_here(uint64_t number, const CallHeader& header, bool check_header) {
+  Job job;
+  job.number = number;
+  job.header = header;
+  job.check_header = check_header;
+  job.failed_here = true;
+  return job;
+}
+
 // The timeout a communicator uses: `requested` when > 0, else FLOWLET_COLLECTIVE_TIMEOUT, else 300 s.
 // InvalidArgument when the variable is not a positive number.
 double resolve_timeout(double requested);

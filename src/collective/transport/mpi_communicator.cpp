@@ -121,11 +121,7 @@ MpiCommunicator::MpiCommunicator(std::vector<Device> devices, double timeout_sec
       exchange_(
           devices_, 0, timeout_seconds, "",
           [this](uint64_t number, std::vector<Arrival>& arrivals) {
-            Job job;
-            job.number = number;
-            job.header = make_header(arrivals.front().call);
-            job.check_header = false;
-            for (const Arrival& a : arrivals) job.check_header = job.check_header || a.call.check_header;
+            Job job = job_for_group<Job>(number, arrivals);
             const CollectiveCall& first = arrivals.front().call;
             const int root_process = first.root / local_size();
             const int root_local =
@@ -151,12 +147,7 @@ MpiCommunicator::MpiCommunicator(std::vector<Device> devices, double timeout_sec
             enqueue(std::move(job));
           },
           [this](uint64_t number, const CallHeader& header, bool check_header, std::exception_ptr) {
-            Job job;
-            job.number = number;
-            job.header = header;
-            job.check_header = check_header;
-            job.failed_here = true;
-            enqueue(std::move(job));
+            enqueue(job_failed_here<Job>(number, header, check_header));
           }) {
   ensure_mpi_started();
   serial_ = communicators_made++;
