@@ -14,11 +14,33 @@
 
 namespace examples {
 
-// The value of option argv[i], which is argv[i + 1] (i moves on to it); throws
-// "`program`: <option> needs a value" when argv[i] is the last argument.
-inline std::string option_value(int argc, char** argv, int& i, const std::string& program) {
-  if (i + 1 >= argc) throw flowlet::InvalidArgument(program + ": " + argv[i] + " needs a value");
-  return argv[++i];
+// The options both examples take; each example's Options adds its own.
+struct TrainingOptions {
+  int epochs = 8;
+  int64_t batch_size = 128;
+  double lr = 1e-3;
+  uint64_t seed = 1;
+  std::string data = "/usr/share/datasets/fashion-mnist";
+};
+
+// Reads the command line into `o`: --epochs, --batch-size, --lr, --seed and --data here, any other
+// option through own(arg, value), where value() reads the option's value; `own` returns false for
+// an option it does not know. Errors ("`program`: ...") are InvalidArgument.
+template <class Own>
+void parse_options(int argc, char** argv, const std::string& program, TrainingOptions& o, Own own) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw flowlet::InvalidArgument(program + ": " + arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--epochs") o.epochs = std::stoi(value());
+    else if (arg == "--batch-size") o.batch_size = std::stoll(value());
+    else if (arg == "--lr") o.lr = std::stod(value());
+    else if (arg == "--seed") o.seed = std::stoull(value());
+    else if (arg == "--data") o.data = value();
+    else if (!own(arg, value)) throw flowlet::InvalidArgument(program + ": unknown option " + arg);
+  }
 }
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {

@@ -28,32 +28,21 @@ namespace fl = flowlet;
 
 namespace {
 
-struct Options {
-  int replicas = 1;  // local replicas (logical CPU devices) per process
-  int epochs = 8;
+struct Options : examples::TrainingOptions {  // epochs, batch_size, lr, seed, data
+  int replicas = 1;   // local replicas (logical CPU devices) per process
   int64_t steps = 0;  // steps per epoch (0: the whole epoch)
-  int64_t batch_size = 128;
-  double lr = 1e-3;
-  uint64_t seed = 1;
   double bucket_mb = 4;
-  std::string data = "/usr/share/datasets/fashion-mnist";
 };
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&] { return examples::option_value(argc, argv, i, "mirrored_fashion_mnist"); };
+  examples::parse_options(argc, argv, "mirrored_fashion_mnist", o, [&](const std::string& arg, auto& value) {
     if (arg == "--replicas") o.replicas = std::stoi(value());
-    else if (arg == "--epochs") o.epochs = std::stoi(value());
     else if (arg == "--steps") o.steps = std::stoll(value());
-    else if (arg == "--batch-size") o.batch_size = std::stoll(value());
-    else if (arg == "--lr") o.lr = std::stod(value());
-    else if (arg == "--seed") o.seed = std::stoull(value());
     else if (arg == "--bucket-mb") o.bucket_mb = std::stod(value());
-    else if (arg == "--data") o.data = value();
-    else throw fl::InvalidArgument("mirrored_fashion_mnist: unknown option " + arg);
-  }
+    else return false;
+    return true;
+  });
   if (o.replicas < 1 || o.epochs < 1 || o.batch_size < 1 || o.steps < 0 || !(o.bucket_mb > 0)) {
     throw fl::InvalidArgument(
         "mirrored_fashion_mnist: replicas, epochs and batch size must be >= 1, steps >= 0, bucket size > 0");

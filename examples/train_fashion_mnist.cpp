@@ -26,34 +26,23 @@ namespace fl = flowlet;
 
 namespace {
 
-struct Options {
-  int epochs = 8;
-  int64_t batch_size = 128;
-  double lr = 1e-3;
-  uint64_t seed = 1;
+struct Options : examples::TrainingOptions {  // epochs, batch_size, lr, seed, data
   bool resume = false;
   bool eager = false;       // --eager: run the training step eagerly instead of as a traced graph
   int compare_steps = 100;  // steps timed both ways on a scratch model before training (0: skip)
   std::string out = "build/demo";
-  std::string data = "/usr/share/datasets/fashion-mnist";
 };
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&] { return examples::option_value(argc, argv, i, "train_fashion_mnist"); };
-    if (arg == "--epochs") o.epochs = std::stoi(value());
-    else if (arg == "--batch-size") o.batch_size = std::stoll(value());
-    else if (arg == "--lr") o.lr = std::stod(value());
-    else if (arg == "--seed") o.seed = std::stoull(value());
-    else if (arg == "--resume") o.resume = true;
+  examples::parse_options(argc, argv, "train_fashion_mnist", o, [&](const std::string& arg, auto& value) {
+    if (arg == "--resume") o.resume = true;
     else if (arg == "--eager") o.eager = true;
     else if (arg == "--compare-steps") o.compare_steps = std::stoi(value());
     else if (arg == "--out") o.out = value();
-    else if (arg == "--data") o.data = value();
-    else throw fl::InvalidArgument("train_fashion_mnist: unknown option " + arg);
-  }
+    else return false;
+    return true;
+  });
   if (o.epochs < 1 || o.batch_size < 1) throw fl::InvalidArgument("train_fashion_mnist: epochs and batch size must be >= 1");
   return o;
 }

@@ -14,7 +14,6 @@
 
 namespace {
 
-using fl::detail::CollectiveCall;
 using fl::detail::CollectiveKind;
 using fl::detail::Communicator;
 using test::call_of;
