@@ -23,6 +23,7 @@ using fl::detail::CollectiveCall;
 using fl::detail::CollectiveKind;
 using fl::detail::Communicator;
 using test::call_of;
+using test::expect;
 using test::Outcome;
 using test::rethrow;
 using test::run_all;
@@ -58,16 +59,6 @@ std::vector<double> results_of(const Outcome& o) {
     }
   }
   return test::values(o.result);
-}
-
-// The tensor's values, shape and dtype-appropriate tolerance (exact for integers).
-bool expect(const fl::Tensor& got, const std::vector<double>& want, const fl::Shape& shape,
-            std::source_location loc = std::source_location::current()) {
-  if (!got.defined()) {
-    ADD_FAIL_CHECK_AT(loc.file_name(), static_cast<int>(loc.line()), "no result");
-    return false;
-  }
-  return test::check_tensor(got, want, shape, got.dtype(), std::nullopt, loc);
 }
 
 }  // namespace

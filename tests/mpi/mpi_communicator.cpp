@@ -17,6 +17,7 @@ namespace {
 using fl::detail::CollectiveKind;
 using fl::detail::Communicator;
 using test::call_of;
+using test::expect;
 using test::Outcome;
 using test::rethrow;
 using test::run_all;
@@ -26,15 +27,6 @@ void ensure_devices() { test::ensure_cpu_devices(2); }
 
 int rank() { return fl::process_index(); }
 int procs() { return fl::process_count(); }
-
-bool expect(const fl::Tensor& got, const std::vector<double>& want, const fl::Shape& shape,
-            std::source_location loc = std::source_location::current()) {
-  if (!got.defined()) {
-    ADD_FAIL_CHECK_AT(loc.file_name(), static_cast<int>(loc.line()), "no result");
-    return false;
-  }
-  return test::check_tensor(got, want, shape, got.dtype(), std::nullopt, loc);
-}
 
 // The participant's result against `want`; its error, if it got one, is the failure message.
 bool expect(const Outcome& o, const std::vector<double>& want, const fl::Shape& shape,

@@ -5,6 +5,8 @@
 #include <exception>
 #include <functional>
 #include <future>
+#include <optional>
+#include <source_location>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -23,6 +25,17 @@ inline fl::detail::CollectiveCall call_of(fl::detail::CollectiveKind kind, fl::T
   call.input = std::move(input);
   call.check_header = check_header;
   return call;
+}
+
+// A participant's result: its values, shape and dtype-appropriate tolerance (exact for integers);
+// a failed check when there is no result.
+inline bool expect(const fl::Tensor& got, const std::vector<double>& want, const fl::Shape& shape,
+                   std::source_location loc = std::source_location::current()) {
+  if (!got.defined()) {
+    ADD_FAIL_CHECK_AT(loc.file_name(), static_cast<int>(loc.line()), "no result");
+    return false;
+  }
+  return check_tensor(got, want, shape, got.dtype(), std::nullopt, loc);
 }
 
 // One participant's outcome: its result, or the error it got.
