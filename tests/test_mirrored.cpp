@@ -40,6 +40,12 @@ void build_mlp(fl::nn::Sequential& model) {
   model.add<fl::nn::Linear>(8, 3, /*seed=*/12, "logits");
 }
 
+// The test MLP with its variables mirrored by `dp`.
+void build_mirrored_mlp(const fl::MirroredStrategy& dp, fl::nn::Sequential& model) {
+  auto scope = dp.scope();
+  build_mlp(model);
+}
+
 // Batch k of `rows` rows: inputs and integer labels, the same for every run.
 std::pair<fl::Tensor, fl::Tensor> batch(int k, int64_t rows) {
   fl::Tensor x = fl::randn({rows, 6}, /*seed=*/100 + static_cast<uint64_t>(k));
@@ -72,10 +78,7 @@ std::pair<std::vector<std::vector<double>>, std::vector<double>> mirrored(
   options.check_replicas_equal = true;  // every step: the copies stay bit-identical
   fl::MirroredStrategy dp(first_devices(replicas), options);
   fl::nn::Sequential model;
-  {
-    auto scope = dp.scope();
-    build_mlp(model);
-  }
+  build_mirrored_mlp(dp, model);
   auto step = make_step(model, optimizer);
   std::vector<double> losses;
   for (int k = 0; k < steps; ++k) {
@@ -272,10 +275,7 @@ TEST_CASE("one all_reduce per bucket in each replica's trace, and the timeline s
   options.bucket_bytes = 8 * 3 * 4 + 3 * 4;  // the logits layer's weight and bias: one bucket
   fl::MirroredStrategy dp(first_devices(2), options);
   fl::nn::Sequential model;
-  {
-    auto scope = dp.scope();
-    build_mlp(model);
-  }
+  build_mirrored_mlp(dp, model);
   fl::optim::SGD sgd(0.1);
   auto step = make_step(model, sgd);
   auto [x, y] = batch(0, 8);
@@ -492,10 +492,7 @@ TEST_CASE("a replica that fails while running: run() rethrows its error, never h
   options.check_replicas_equal = true;
   fl::MirroredStrategy dp(first_devices(2), options);
   fl::nn::Sequential model;
-  {
-    auto scope = dp.scope();
-    build_mlp(model);
-  }
+  build_mirrored_mlp(dp, model);
   fl::optim::SGD sgd(0.1);
   auto step = make_step(model, sgd);
   auto [x, y] = batch(0, 8);
@@ -565,10 +562,7 @@ TEST_CASE("a new model made in scope() is traced anew, even by a step lambda at 
     // Each round's model, optimizer and lambda are new objects, most likely at the last round's
     // addresses: the lambda's bytes repeat, and only the new variables tell the rounds apart.
     fl::nn::Sequential model;
-    {
-      auto scope = dp.scope();
-      build_mlp(model);
-    }
+    build_mirrored_mlp(dp, model);
     fl::optim::SGD sgd(0.1, 0.9);  // momentum: slots that must start at zero each round
     auto step = make_step(model, sgd);
     for (int k = 0; k < 3; ++k) {
@@ -582,10 +576,7 @@ TEST_CASE("a new model made in scope() is traced anew, even by a step lambda at 
   }
   // A new optimizer for the same model (most likely at the old one's address) is used too.
   fl::nn::Sequential model;
-  {
-    auto scope = dp.scope();
-    build_mlp(model);
-  }
+  build_mirrored_mlp(dp, model);
   for (int round = 0; round < 2; ++round) {
     fl::optim::SGD sgd(0.1, 0.9);
     auto step = make_step(model, sgd);

@@ -125,7 +125,6 @@ void check_devices(const std::vector<Device>& devices) {
 }  // namespace
 
 void register_gpu_communicator_factory(GpuCommunicatorFactory factory) { gpu_factory = factory; }
-GpuCommunicatorFactory gpu_communicator_factory() { return gpu_factory; }
 
 std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& local_devices, CommunicatorOptions options) {
   check_devices(local_devices);
@@ -144,11 +143,9 @@ std::shared_ptr<Communicator> make_communicator(const std::vector<Device>& local
 }
 
 std::shared_ptr<Communicator> world_communicator() {
-  // Held until the program exits (the MPI backend's exit handler shuts it down before MPI ends).
-  static std::mutex mutex;
-  static std::shared_ptr<Communicator> world;
-  std::lock_guard lock(mutex);
-  if (world == nullptr) world = make_communicator({Device(DeviceKind::cpu, 0)});
+  // Held until the program exits (the MPI backend's exit handler shuts it down before MPI ends). A
+  // failed first construction throws and is tried again on the next call.
+  static const std::shared_ptr<Communicator> world = make_communicator({Device(DeviceKind::cpu, 0)});
   return world;
 }
 

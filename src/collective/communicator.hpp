@@ -28,6 +28,10 @@ namespace flowlet::detail {
 
 enum class CollectiveKind : uint8_t { all_reduce, broadcast, all_gather, reduce_scatter, barrier };
 const char* collective_name(CollectiveKind kind);  // "all_reduce", ... (the public function's name)
+// all_reduce and reduce_scatter: the kinds that combine the participants' values with a ReduceOp.
+inline bool reduces(CollectiveKind kind) {
+  return kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter;
+}
 
 // One participant's part of one collective.
 struct CollectiveCall {

@@ -167,10 +167,10 @@ struct ThreadCacheReaper {
   return thread_cache;
 }
 
-// Frees the blocks of a cache older than the last cpu_release_cached.
-[[gnu::noinline]] void refresh_local_cache(ThreadCache& cache) {
+// Frees the blocks of a cache older than the last cpu_release_cached; returns the bytes freed.
+[[gnu::noinline]] size_t refresh_local_cache(ThreadCache& cache) {
   cache.generation = release_generation.load(std::memory_order_relaxed);
-  cache.release();
+  return cache.release();
 }
 
 // This thread's cache, or nullptr once the thread is exiting. Inline: every allocation and free
@@ -268,10 +268,7 @@ void cpu_deallocate(void* pointer, size_t bytes) {
 size_t cpu_release_cached() {
   release_generation.fetch_add(1, std::memory_order_relaxed);
   size_t released = shared_pool().release();
-  if (ThreadCache* cache = thread_cache) {
-    cache->generation = release_generation.load(std::memory_order_relaxed);
-    released += cache->release();
-  }
+  if (ThreadCache* cache = thread_cache) released += refresh_local_cache(*cache);
   return released;
 }
 

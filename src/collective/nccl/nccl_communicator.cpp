@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -32,7 +31,6 @@ namespace flowlet::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint8_t kFailedHere = 0xff;
 
 void check_nccl(ncclResult_t result, const char* what) {
   if (result != ncclSuccess && result != ncclInProgress) {
@@ -247,19 +245,10 @@ class NcclCommunicator final : public Communicator {
     std::vector<HeaderMessage> messages(static_cast<size_t>(processes_));
     std::memcpy(messages.data(), all.raw_data(), messages.size() * sizeof(HeaderMessage));
     const char* name = job.failed_here ? "collective" : collective_name(static_cast<CollectiveKind>(job.header.kind));
-    for (int p = 0; p < processes_; ++p) {
-      if (messages[static_cast<size_t>(p)].header.kind == kFailedHere) {
-        return std::make_exception_ptr(InvalidArgument(fmt::format(
-            "{}: the call failed in {} of {} (its participants disagreed or did not all arrive; see its error)", name,
-            who(p), describe_)));
-      }
-    }
-    for (int p = 1; p < processes_; ++p) {
-      if (auto error = header_mismatch(messages[0].header, who(0), messages[static_cast<size_t>(p)].header, who(p))) {
-        return error;
-      }
-    }
-    return nullptr;
+    std::vector<CallHeader> headers;
+    headers.reserve(messages.size());
+    for (const HeaderMessage& m : messages) headers.push_back(m.header);
+    return compare_process_headers(headers, name, describe_, [this](int p) { return who(p); });
   }
 
   // Issues the call on every local GPU and returns the results (valid once the events complete).
@@ -271,8 +260,7 @@ class NcclCommunicator final : public Communicator {
     std::vector<Tensor> receives(local);
     const bool barrier = first.kind == CollectiveKind::barrier;
     const DType dtype = barrier ? f32 : first.input.dtype();
-    const bool widen = !barrier && is_half(dtype) &&
-                       (first.kind == CollectiveKind::all_reduce || first.kind == CollectiveKind::reduce_scatter);
+    const bool widen = !barrier && is_half(dtype) && reduces(first.kind);
     const Shape shape = barrier ? Shape{1} : result_shape(first, size());
     for (size_t l = 0; l < local; ++l) {
       const Device device = devices_[l];
@@ -352,8 +340,7 @@ class NcclCommunicator final : public Communicator {
       try {
         std::vector<Tensor> keep_alive;
         results = issue(job, keep_alive);
-        const Clock::time_point deadline =
-            Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds_));
+        const Clock::time_point deadline = deadline_after(timeout_seconds_);
         if (!wait_for_streams(deadline)) {
           for (ncclComm_t comm : comms_) ncclCommAbort(comm);
           comms_.assign(comms_.size(), nullptr);

@@ -38,12 +38,16 @@ std::string signature(const CollectiveAttrs& attrs, const Tensor& input) {
 // This participant's verified signatures (the caller holds verified_mutex).
 std::set<std::string>& signatures_of(const CollectiveAttrs& attrs) {
   auto& table = verified();
-  // Forget communicators that are gone, so the table stays as small as the live ones.
+  if (auto found = table.find(attrs.communicator.get()); found != table.end() && !found->second.owner.expired()) {
+    return found->second.by_local[attrs.local];
+  }
+  // A communicator seen for the first time: forget those that are gone, so the table stays as small
+  // as the live ones (an entry at a freed communicator's address is gone too and starts anew).
   for (auto it = table.begin(); it != table.end();) {
     it = it->second.owner.expired() ? table.erase(it) : std::next(it);
   }
   VerifiedSignatures& entry = table[attrs.communicator.get()];
-  if (entry.owner.expired()) entry = VerifiedSignatures{attrs.communicator, {}};
+  entry = VerifiedSignatures{attrs.communicator, {}};
   return entry.by_local[attrs.local];
 }
 

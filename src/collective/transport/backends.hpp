@@ -17,8 +17,6 @@ namespace flowlet::detail {
 // (made collectively). DeviceError / InvalidArgument in a build without MPI.
 std::shared_ptr<Communicator> make_mpi_communicator(const std::vector<Device>& devices, double timeout_seconds);
 
-// Whether this build has MPI.
-bool mpi_built();
 // Whether MPI has been initialized in this process (a plain run never initializes it).
 bool mpi_started();
 
@@ -30,7 +28,5 @@ using GpuCommunicatorFactory = std::shared_ptr<Communicator> (*)(const std::vect
                                                                  double timeout_seconds);
 // Installs the GPU (NCCL) factory; called once, while the library loads.
 void register_gpu_communicator_factory(GpuCommunicatorFactory factory);
-// Null in a build without NCCL.
-GpuCommunicatorFactory gpu_communicator_factory();
 
 }  // namespace flowlet::detail

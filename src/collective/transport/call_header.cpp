@@ -58,6 +58,22 @@ CallHeader make_header(const CollectiveCall& call) {
   return h;
 }
 
+std::exception_ptr compare_process_headers(const std::vector<CallHeader>& headers, const char* name,
+                                           const std::string& describe, const std::function<std::string(int)>& who) {
+  for (size_t p = 0; p < headers.size(); ++p) {
+    if (headers[p].kind == kFailedHere) {
+      return std::make_exception_ptr(InvalidArgument(
+          fmt::format("{}: the call failed in {} of {} (its participants disagreed or did not all arrive; see its "
+                      "error)",
+                      name, who(static_cast<int>(p)), describe)));
+    }
+  }
+  for (size_t p = 1; p < headers.size(); ++p) {
+    if (auto error = header_mismatch(headers[0], who(0), headers[p], who(static_cast<int>(p)))) return error;
+  }
+  return nullptr;
+}
+
 std::exception_ptr header_mismatch(const CallHeader& a, const std::string& who_a, const CallHeader& b,
                                    const std::string& who_b) {
   if (a.kind != b.kind) {

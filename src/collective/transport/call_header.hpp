@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "collective/communicator.hpp"
 
@@ -32,5 +34,16 @@ CallHeader make_header(const CollectiveCall& call);
 // and both values.
 std::exception_ptr header_mismatch(const CallHeader& a, const std::string& who_a, const CallHeader& b,
                                    const std::string& who_b);
+
+// The header kind a process sends in place of its own for a call its participants failed there
+// (they disagreed, or did not all arrive), so that the other processes fail it too.
+inline constexpr uint8_t kFailedHere = 0xff;
+
+// The cross-process check of one call, from every process's header in process order: InvalidArgument
+// naming the first process that failed the call itself, else header_mismatch() between process 0
+// and the first that disagrees with it; null when all agree. `name`: the collective; `who(p)`:
+// process p as messages name it; `describe`: the communicator.
+std::exception_ptr compare_process_headers(const std::vector<CallHeader>& headers, const char* name,
+                                           const std::string& describe, const std::function<std::string(int)>& who);
 
 }  // namespace flowlet::detail

@@ -13,10 +13,6 @@ namespace flowlet::detail {
 
 namespace {
 
-bool reduces(CollectiveKind kind) {
-  return kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter;
-}
-
 size_t byte_count(int64_t elements, DType dtype) { return static_cast<size_t>(elements) * dtype_size(dtype); }
 
 Tensor flat(const Tensor& t, const Shape& shape) {
@@ -30,11 +26,6 @@ void copy_bytes(void* to, const void* from, size_t bytes) {
     std::memcpy(static_cast<std::byte*>(to) + begin, static_cast<const std::byte*>(from) + begin,
                 static_cast<size_t>(end - begin));
   });
-}
-
-// Does finish() change anything, or is the wire buffer already the result?
-bool needs_finish(DType dtype, ReduceOp op) {
-  return wire_dtype(dtype) != dtype || (op == ReduceOp::mean && dtype != b8);
 }
 
 }  // namespace
@@ -98,29 +89,12 @@ Shape result_shape(const CollectiveCall& call, int participants) {
   return in;
 }
 
-int64_t global_wire_elements(const CollectiveCall& call, int local_size, int processes) {
-  const int64_t n = call.input.defined() ? call.input.numel() : 0;
-  switch (call.kind) {
-    case CollectiveKind::all_reduce:
-    case CollectiveKind::broadcast:
-      return n;
-    case CollectiveKind::all_gather:
-      return n * local_size * processes;
-    case CollectiveKind::reduce_scatter:
-      return n / processes;  // local_size parts of n / (local_size * processes)
-    case CollectiveKind::barrier:
-      return 0;
-  }
-  return 0;
-}
-
-Tensor combine_local(const std::vector<Arrival>& arrivals, int participants, int root_local) {
+Tensor combine_local(const std::vector<Arrival>& arrivals, int root_local) {
   const CollectiveCall& first = arrivals.front().call;
   if (first.kind == CollectiveKind::barrier) return Tensor();
   const DType dtype = first.input.dtype();
   const int64_t n = first.input.numel();
   const Device device = first.input.device();
-  (void)participants;
   switch (first.kind) {
     case CollectiveKind::all_reduce:
     case CollectiveKind::reduce_scatter: {

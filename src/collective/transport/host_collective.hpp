@@ -28,10 +28,7 @@ Shape result_shape(const CollectiveCall& call, int participants);
 
 // This process's wire buffer (1-D, on the first local participant's device). `root_local` is the
 // root's local index when the broadcast root is in this process, else -1.
-Tensor combine_local(const std::vector<Arrival>& arrivals, int participants, int root_local);
-
-// The elements a wire buffer has once the cross-process step is done.
-int64_t global_wire_elements(const CollectiveCall& call, int local_size, int processes);
+Tensor combine_local(const std::vector<Arrival>& arrivals, int root_local);
 
 // Each local participant's result from the job-wide wire buffer.
 std::vector<Tensor> distribute(const std::vector<Arrival>& arrivals, const Tensor& global_wire, int participants,

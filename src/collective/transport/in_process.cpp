@@ -55,8 +55,7 @@ std::vector<Tensor> all_reduce_in_one_pass(const std::vector<Arrival>& arrivals,
   const DType dtype = first.input.dtype();
   const int64_t n = first.input.numel();
   const size_t item = dtype_size(dtype);
-  const bool widen = wire_dtype(dtype) != dtype;
-  const bool finishes = widen || (first.op == ReduceOp::mean && dtype != b8);
+  const bool finishes = needs_finish(dtype, first.op);
   std::vector<Tensor> results;
   for (size_t i = 0; i < arrivals.size(); ++i) results.push_back(Tensor::empty(first.input.shape(), dtype, devices[i]));
   constexpr int64_t kBlock = 4096;
@@ -96,7 +95,7 @@ void InProcessCommunicator::complete(std::vector<Arrival>& arrivals) {
       return;
     }
     const int root_local = first.kind == CollectiveKind::broadcast ? first.root : -1;
-    const Tensor wire = combine_local(arrivals, size(), root_local);
+    const Tensor wire = combine_local(arrivals, root_local);
     results = distribute(arrivals, wire, size(), devices_);
   } catch (...) {
     error = std::current_exception();  // an allocation that failed: every participant gets it

@@ -76,7 +76,8 @@ bool LocalExchange::has_waiting_groups() {
 
 void LocalExchange::arrive(int local, CollectiveCall call, CollectiveDone done) {
   const auto participants = static_cast<int>(devices_.size());
-  const CallHeader header = make_header(call);
+  // Compared with the group's first arrival; a lone participant has nobody to compare with.
+  const CallHeader header = participants > 1 ? make_header(call) : CallHeader{};
   std::vector<CollectiveDone> failed;  // dones to call with `error`, outside the lock
   std::exception_ptr error;
   std::vector<Arrival> complete;

@@ -118,4 +118,10 @@ Job job_failed_here(uint64_t number, const CallHeader& header, bool check_header
 // InvalidArgument when the variable is not a positive number.
 double resolve_timeout(double requested);
 
+// The moment `seconds` from now.
+inline std::chrono::steady_clock::time_point deadline_after(double seconds) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+}
+
 }  // namespace flowlet::detail

@@ -20,8 +20,6 @@ namespace {
 
 constexpr int kHeaderTag = 1;
 constexpr int kGoodbyeTag = 2;
-// A call's header that says "this call failed in the sending process".
-constexpr uint8_t kFailedHere = 0xff;
 
 using Clock = std::chrono::steady_clock;
 
@@ -109,8 +107,6 @@ bool wait_at_creation(MPI_Request* request, Clock::time_point deadline) {
 
 }  // namespace
 
-bool mpi_built() { return true; }
-
 std::shared_ptr<Communicator> make_mpi_communicator(const std::vector<Device>& devices, double timeout_seconds) {
   return std::make_shared<MpiCommunicator>(devices, timeout_seconds);
 }
@@ -129,13 +125,11 @@ MpiCommunicator::MpiCommunicator(std::vector<Device> devices, double timeout_sec
             try {
               // One participant whose dtype travels as it is: MPI reads its input directly (out of
               // place), saving the copy into a wire buffer.
-              const bool reduces =
-                  first.kind == CollectiveKind::all_reduce || first.kind == CollectiveKind::reduce_scatter;
-              if (arrivals.size() == 1 && reduces && wire_dtype(first.input.dtype()) == first.input.dtype()) {
+              if (arrivals.size() == 1 && reduces(first.kind) && wire_dtype(first.input.dtype()) == first.input.dtype()) {
                 job.wire = first.input;
                 job.wire_is_input = true;
               } else {
-                job.wire = combine_local(arrivals, size(), root_local);
+                job.wire = combine_local(arrivals, root_local);
               }
             } catch (...) {  // out of memory for the wire buffer: the call fails here, and the peers learn it
               deliver(arrivals, {}, std::current_exception());
@@ -151,8 +145,7 @@ MpiCommunicator::MpiCommunicator(std::vector<Device> devices, double timeout_sec
           }) {
   ensure_mpi_started();
   serial_ = communicators_made++;
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds));
+  const Clock::time_point deadline = deadline_after(timeout_seconds);
   MPI_Request request;
   MPI_Comm_idup(MPI_COMM_WORLD, &comm_, &request);
   if (!wait_at_creation(&request, deadline)) {
@@ -348,8 +341,7 @@ std::exception_ptr MpiCommunicator::exchange_headers(const Job& job) {
     MPI_Isend(mine.get(), sizeof(HeaderMessage), MPI_BYTE, p, kHeaderTag, comm_, &all.back());
   }
   const char* name = collective_name(static_cast<CollectiveKind>(job.header.kind));
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds_));
+  const Clock::time_point deadline = deadline_after(timeout_seconds_);
   // A message of another communicator that reused this one's MPI context (sent to a process that
   // had stopped listening) is not ours: drop it and listen again.
   const Wait outcome = poll_until(
@@ -409,19 +401,8 @@ std::exception_ptr MpiCommunicator::exchange_headers(const Job& job) {
     }
     headers.push_back(m.header);
   }
-  for (int p = 0; p < processes_; ++p) {
-    if (headers[static_cast<size_t>(p)].kind == kFailedHere) {
-      const char* their = job.failed_here ? "collective" : name;
-      return std::make_exception_ptr(InvalidArgument(
-          fmt::format("{}: the call failed in {} of {} (its participants disagreed or did not all arrive; see its "
-                      "error)",
-                      their, who(p), describe_)));
-    }
-  }
-  for (int p = 1; p < processes_; ++p) {
-    if (auto error = header_mismatch(headers[0], who(0), headers[static_cast<size_t>(p)], who(p))) return error;
-  }
-  return nullptr;
+  return compare_process_headers(headers, job.failed_here ? "collective" : name, describe_,
+                                 [this](int p) { return who(p); });
 }
 
 std::exception_ptr MpiCommunicator::exchange_data(const Job& job, Tensor& global) {
@@ -463,8 +444,7 @@ std::exception_ptr MpiCommunicator::exchange_data(const Job& job, Tensor& global
       break;
   }
   std::vector<MPI_Request> requests = {request};
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds_));
+  const Clock::time_point deadline = deadline_after(timeout_seconds_);
   const Wait outcome = wait_for(requests, deadline, job.number);
   if (outcome == Wait::done) return nullptr;
   // MPI cannot withdraw a collective: it may still read or write these buffers if the peers come.

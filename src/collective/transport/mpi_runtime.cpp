@@ -27,8 +27,6 @@ std::set<MpiCommunicator*>& live() {
   return *communicators;
 }
 
-std::terminate_handler previous_terminate = nullptr;  // kept for debugging; the job ends either way
-
 const char* thread_level_name(int level) {
   switch (level) {
     case MPI_THREAD_SINGLE:
@@ -93,7 +91,7 @@ void ensure_mpi_started() {
     std::atexit(finalize_at_exit);
   }
   static const bool terminate_installed = [] {
-    previous_terminate = std::set_terminate(terminate_with_abort);
+    std::set_terminate(terminate_with_abort);
     return true;
   }();
   (void)terminate_installed;

@@ -7,7 +7,6 @@
 
 namespace flowlet::detail {
 
-bool mpi_built() { return false; }
 bool mpi_started() { return false; }
 
 std::shared_ptr<Communicator> make_mpi_communicator(const std::vector<Device>&, double) {

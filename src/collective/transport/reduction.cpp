@@ -138,6 +138,10 @@ void finish_typed(ReduceOp op, int participants, const void* wire_raw, void* out
 
 DType wire_dtype(DType dtype) { return (dtype == f16 || dtype == bf16) ? f32 : dtype; }
 
+bool needs_finish(DType dtype, ReduceOp op) {
+  return wire_dtype(dtype) != dtype || (op == ReduceOp::mean && dtype != b8);
+}
+
 ReduceOp wire_op(DType dtype, ReduceOp op) {
   if (dtype == b8) return (op == ReduceOp::min || op == ReduceOp::mean) ? ReduceOp::min : ReduceOp::max;
   return op == ReduceOp::mean ? ReduceOp::sum : op;

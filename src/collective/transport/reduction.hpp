@@ -29,6 +29,9 @@ ReduceOp wire_op(DType dtype, ReduceOp op);
 // elements and may alias inputs[0] only when the input dtype is its own wire dtype.
 void accumulate(DType dtype, ReduceOp op, const std::vector<const void*>& inputs, void* out, int64_t count);
 
+// Does finish() change anything, or is the wire buffer already the result?
+bool needs_finish(DType dtype, ReduceOp op);
+
 // out[i] = wire[i] (/ participants for mean) converted to `dtype`. `out` may alias `wire` when
 // `dtype` is its own wire dtype.
 void finish(DType dtype, ReduceOp op, int participants, const void* wire, void* out, int64_t count);

@@ -17,6 +17,7 @@
 // x+0 with x = -0.0 gives +0.0 when run and -0.0 after the rewrite; the two compare equal and
 // compilers that simplify this pattern accept the same difference. Every other rewrite is exact.
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "ops/elementwise_ops.hpp"
@@ -82,15 +83,27 @@ class Simplifier {
   ValueRef simplified(Node& n) {
     const Op* op = n.op;
     const TensorMeta& out = n.outputs[0];
-    if (op == &elementwise_op(ElementwiseOp::mul) || op == &elementwise_op(ElementwiseOp::add)) {
-      const double identity = op == &elementwise_op(ElementwiseOp::mul) ? 1.0 : 0.0;
-      if (is_constant_filled(n.inputs[1], identity) && same_meta(graph_.meta(n.inputs[0]), out)) return n.inputs[0];
-      if (is_constant_filled(n.inputs[0], identity) && same_meta(graph_.meta(n.inputs[1]), out)) return n.inputs[1];
-    } else if (op == &elementwise_op(ElementwiseOp::sub) || op == &elementwise_op(ElementwiseOp::div)) {
-      const double identity = op == &elementwise_op(ElementwiseOp::div) ? 1.0 : 0.0;
-      if (is_constant_filled(n.inputs[1], identity) && same_meta(graph_.meta(n.inputs[0]), out)) return n.inputs[0];
-    } else if (op == &elementwise_op(ElementwiseOp::neg)) {
-      if (const Node* inner = pure_producer(n.inputs[0], *op)) return inner->inputs[0];
+    if (const std::optional<ElementwiseOp> id = elementwise_op_id(*op)) {
+      switch (*id) {
+        case ElementwiseOp::mul:
+        case ElementwiseOp::add: {  // x * 1, 1 * x, x + 0, 0 + x
+          const double identity = *id == ElementwiseOp::mul ? 1.0 : 0.0;
+          if (is_constant_filled(n.inputs[1], identity) && same_meta(graph_.meta(n.inputs[0]), out)) return n.inputs[0];
+          if (is_constant_filled(n.inputs[0], identity) && same_meta(graph_.meta(n.inputs[1]), out)) return n.inputs[1];
+          break;
+        }
+        case ElementwiseOp::sub:
+        case ElementwiseOp::div: {  // x - 0, x / 1
+          const double identity = *id == ElementwiseOp::div ? 1.0 : 0.0;
+          if (is_constant_filled(n.inputs[1], identity) && same_meta(graph_.meta(n.inputs[0]), out)) return n.inputs[0];
+          break;
+        }
+        case ElementwiseOp::neg:  // -(-x)
+          if (const Node* inner = pure_producer(n.inputs[0], *op)) return inner->inputs[0];
+          break;
+        default:
+          break;
+      }
     } else if (op == &permute_op) {
       const Node* inner = pure_producer(n.inputs[0], permute_op);
       if (inner && permutations_cancel(*inner, n)) return inner->inputs[0];
