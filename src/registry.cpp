@@ -38,6 +38,7 @@ const std::vector<Op*>& all_ops() {
     detail::add_fused_ops(list);
     detail::add_queue_ops(list);
     detail::add_collective_ops(list);
+    detail::add_ps_ops(list);
     // The CPU kernels are part of each Op value; every other backend registers here, one line each.
     register_backend(list, DeviceKind::cuda);
     return list;

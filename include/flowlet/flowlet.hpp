@@ -27,6 +27,8 @@
 #include "flowlet/ops/reduce.hpp"
 #include "flowlet/ops/shape.hpp"
 #include "flowlet/optim.hpp"
+#include "flowlet/parameter_server.hpp"
+#include "flowlet/ps_options.hpp"
 #include "flowlet/queue.hpp"
 #include "flowlet/trace.hpp"
 #include "flowlet/variable.hpp"

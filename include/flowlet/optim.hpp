@@ -10,6 +10,10 @@
 #include "flowlet/core/tensor.hpp"
 #include "flowlet/variable.hpp"
 
+namespace flowlet::detail {
+struct OptimizerAccess;  // src/ps/server/optimizer_access.hpp: sparse updates on parameter servers
+}  // namespace flowlet::detail
+
 namespace flowlet::optim {
 
 // The base of every optimizer, and the way to write a new one from public ops alone:
@@ -66,6 +70,7 @@ class Optimizer {
   Tensor step(DType dtype) const;
 
  private:
+  friend struct detail::OptimizerAccess;
   void place_counter(const std::vector<Variable>& vars);
 
   std::string name_;

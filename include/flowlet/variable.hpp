@@ -59,4 +59,9 @@ class Variable {
   std::shared_ptr<detail::VariableState> state_;
 };
 
+// Rows of a variable: gather(table.value(), indices), except for a server variable of a
+// ParameterServerStrategy read inside its run(), which pulls only the rows of the unique indices
+// from the servers that own them (flowlet/parameter_server.hpp).
+Tensor gather(const Variable& table, const Tensor& indices);
+
 }  // namespace flowlet

@@ -24,5 +24,6 @@ void add_queue_ops(std::vector<Op*>& ops);     // queue_enqueue, queue_dequeue (
 
 // all_reduce, broadcast, all_gather, reduce_scatter, barrier (src/collective/ops/collective_ops.cpp).
 void add_collective_ops(std::vector<Op*>& ops);
+void add_ps_ops(std::vector<Op*>& ops);                // src/ps/ops/ps_ops.cpp: ps_pull, ps_lookup, ps_push
 
 }  // namespace flowlet::detail

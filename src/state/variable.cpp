@@ -13,8 +13,10 @@
 #include "flowlet/device_scope.hpp"
 #include "flowlet/eager_scope.hpp"
 #include "flowlet/ops/elementwise.hpp"
+#include "flowlet/ops/shape.hpp"
 #include "runtime/thread_pool.hpp"
 #include "state/mirrored_variable.hpp"
+#include "state/remote_variable.hpp"
 #include "state/variable_ops.hpp"
 #include "state/variable_state.hpp"
 #include "trace/tracer.hpp"
@@ -41,6 +43,8 @@ Variable::Variable(Tensor initial, std::string name) {
   if (const detail::MirrorPolicy* policy = detail::mirrored_creation()) [[unlikely]] {
     detail::make_mirrored(state_, *policy);
   }
+  // Inside a ParameterServerStrategy::scope(): a server variable (state/remote_variable.hpp).
+  if (const detail::RemoteCreation* remote = detail::remote_creation()) [[unlikely]] remote->created(state_);
 }
 
 detail::VariableState& Variable::state() const {
@@ -49,6 +53,13 @@ detail::VariableState& Variable::state() const {
 }
 
 Tensor Variable::value() const {
+  if (state().remote) [[unlikely]] {
+    // A server variable read by a worker inside the strategy's run() pulls from the servers.
+    if (Tensor pulled = state_->remote->read(state_); pulled.defined()) {
+      if (detail::any_tape_active()) detail::note_variable_read(state_.get(), pulled);
+      return pulled;
+    }
+  }
   // A mirrored variable reads the copy the thread means (state/mirrored_variable.hpp).
   const std::shared_ptr<detail::VariableState>& copy = state().mirrors ? detail::resolve_copy(state_) : state_;
   Tensor current;
@@ -212,6 +223,7 @@ void update(const std::shared_ptr<detail::VariableState>& state, detail::AssignM
     detail::fail<InvalidArgument>("{}: scale must be finite; got {} for '{}'",
                                   detail::assign_mode_name(mode), scale, state->name);
   }
+  if (state->remote) [[unlikely]] state->remote->check_update(*state, detail::assign_mode_name(mode));
   if (state->mirrors) [[unlikely]] {
     if (detail::in_own_replica(*state)) return update_copy(detail::resolve_copy(state), mode, t, scale);
     return update_every_copy(state, mode, t, scale);
@@ -238,5 +250,13 @@ void Variable::assign_add(const Tensor& t) { update(state_, detail::AssignMode::
 void Variable::assign_sub(const Tensor& t) { update(state_, detail::AssignMode::sub, t); }
 void Variable::assign_add(const Tensor& t, double scale) { update(state_, detail::AssignMode::add, t, scale); }
 void Variable::assign_sub(const Tensor& t, double scale) { update(state_, detail::AssignMode::sub, t, scale); }
+
+Tensor gather(const Variable& table, const Tensor& indices) {
+  const auto& state = detail::VariableAccess::state(table);
+  if (state && state->remote) [[unlikely]] {
+    if (Tensor rows = state->remote->gather(state, indices); rows.defined()) return rows;
+  }
+  return gather(table.value(), indices);
+}
 
 }  // namespace flowlet

@@ -10,6 +10,7 @@
 namespace flowlet::detail {
 
 struct MirrorSet;  // state/mirrored_variable.hpp
+class RemoteVariable;  // state/remote_variable.hpp
 
 struct VariableState {
   std::string name;
@@ -19,6 +20,9 @@ struct VariableState {
   // other thread sees it (or, for an optimizer's step counter, before its first traced step):
   // the other replicas' copies. Null for every other variable, which is the fast path.
   std::shared_ptr<MirrorSet> mirrors;
+  // Set when the variable is made under a ParameterServerStrategy::scope(): decides per thread
+  // whether reads and updates mean the local value or the servers'. Null otherwise.
+  std::shared_ptr<RemoteVariable> remote;
 };
 
 // assign: value = t; add: value += scale * t; sub: value -= scale * t.

@@ -91,5 +91,11 @@ class DeadlineExceeded : public Error {
  public:
   using Error::Error;
 };
+// Bytes that cannot be what they claim to be: a truncated or malformed message between processes,
+// a corrupted file. The message names the source and the first problem found.
+class DataLoss : public Error {
+ public:
+  using Error::Error;
+};
 
 }  // namespace flowlet

@@ -1,0 +1,103 @@
+// The messages between parameter-server workers and servers, and their byte encoding.
+//
+// Every message crosses a transport as one byte string: the in-process transport moves it as is,
+// the MPI transport sends it as one MPI message. decode() treats its input as hostile: every
+// length, count, dtype, rank and dimension is checked against the bytes that are there, so a
+// truncated or malformed message throws DataLoss naming what is wrong and where, and never reads or
+// writes out of bounds (tests/test_ps_wire.cpp fuzzes it).
+//
+// Layout (little-endian, no padding): u32 magic "FLPS", u8 format version, u8 kind, then the
+// kind's fields in the order of the structs below. A Tensor is u8 dtype, u8 rank, rank x i64 dims,
+// then numel x dtype_size bytes (contiguous, row-major; a CPU tensor on decode). A string is u32
+// length then bytes. A vector is u32 count then its elements.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "flowlet/core/tensor.hpp"
+
+namespace flowlet::detail::ps {
+
+using Bytes = std::vector<std::byte>;
+
+// Worker -> server: the server's rows of variable var_id, once the server's version is at least
+// min_version (sync) and the worker may read (bounded staleness: `clock` is how many steps the
+// worker has pushed to this server).
+struct PullRequest {
+  uint64_t request_id = 0;
+  int32_t worker = 0;
+  int64_t clock = 0;
+  int32_t var_id = 0;
+  int64_t min_version = 0;
+};
+
+// Worker -> server: only rows `rows` (i64 [n], indices local to the server's piece, each in
+// [0, piece rows)) of variable var_id; same waiting rules as PullRequest.
+struct SparsePullRequest {
+  uint64_t request_id = 0;
+  int32_t worker = 0;
+  int64_t clock = 0;
+  int32_t var_id = 0;
+  int64_t min_version = 0;
+  Tensor rows;
+};
+
+// Server -> worker: the answer to a pull (dense: the piece's rows; sparse: [n, row shape...]),
+// read at `version`.
+struct PullReply {
+  uint64_t request_id = 0;
+  int64_t version = 0;
+  Tensor value;
+};
+
+// One variable's gradient in a push: dense (rows empty; `grad` has the piece's shape) or sparse
+// (rows i64 [n], local to the piece, unique; grad [n, row shape...]).
+struct PushEntry {
+  int32_t var_id = 0;
+  Tensor rows;
+  Tensor grad;
+};
+
+// Worker -> server: one step's gradients for the server's variables (possibly none: the push still
+// counts as the worker's step), computed from values read at read_version.
+struct Push {
+  int32_t worker = 0;
+  int64_t clock = 0;  // the worker's step count with this push (1 for its first)
+  int64_t read_version = 0;
+  std::vector<PushEntry> entries;
+};
+
+// Worker -> server: the worker has finished its run (it sends nothing more).
+struct Goodbye {
+  int32_t worker = 0;
+  int64_t clock = 0;
+};
+
+// Server -> worker: a pull failed (request_id), or the worker's push did (request_id 0).
+enum class ErrorCode : uint8_t { invalid_argument = 1, deadline_exceeded = 2, internal = 3 };
+struct ErrorReply {
+  uint64_t request_id = 0;
+  ErrorCode code = ErrorCode::internal;
+  std::string message;
+};
+
+using Message = std::variant<PullRequest, SparsePullRequest, PullReply, Push, Goodbye, ErrorReply>;
+
+// "pull_request", "push", ...: for errors and logs.
+const char* message_name(const Message& message);
+
+// The message as bytes. CPU tensors (contiguous or not); InvalidArgument for a tensor on another
+// device or a count that does not fit the format.
+Bytes encode(const Message& message);
+
+// The message `bytes` hold, or DataLoss naming the first problem (bad magic or version, unknown
+// kind or dtype, a rank above the maximum, a negative dimension, a size that overflows, fewer or
+// more bytes than the fields need). Tensors are new CPU tensors (cpu:0) owning their bytes.
+Message decode(std::span<const std::byte> bytes);
+
+}  // namespace flowlet::detail::ps
