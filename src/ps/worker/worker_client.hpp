@@ -25,6 +25,7 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -94,6 +95,12 @@ class WorkerClient {
   int64_t steps() const;
   bool stopped() const;
   WorkerStats stats() const;  // steps, step times, stopped, transport counters of its endpoint
+
+  // A number no other client of this process has had: a graph node holding a client pointer checks
+  // with alive() that the client is still the one it was traced with (not a later one at the same
+  // address), and refuses to run otherwise.
+  uint64_t serial() const;
+  static bool alive(const WorkerClient* client, uint64_t serial);
 
  private:
   struct State;
