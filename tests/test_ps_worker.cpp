@@ -349,7 +349,8 @@ TEST_CASE("push: bad arguments are errors that count no step") {
                                      {"'w'", "f64"});
   const fl::Tensor bad_ids = fl::tensor(std::vector<int64_t>{3}, fl::Shape{1});
   test::check_throws<fl::OutOfRange>([&] { client.push(0, {{0, table({1, 2}, 0), bad_ids}}); }, {"'w'", "id 3"});
-  CHECK(client.steps() <= 1);  // the out-of-range id is found while cutting, after the step began
+  CHECK(client.steps() == 0);
+  CHECK(cluster.received(0).empty());
   client.finish();
 }
 
@@ -498,13 +499,13 @@ TEST_CASE("faults: a constant step delay is slept once per step, and step times 
   }
   const double took = std::chrono::duration<double>(Clock::now() - start).count();
   CHECK(took >= 0.15);
-  CHECK(took < 0.15 + 0.2);
+  CHECK(took < 0.15 + 0.5);  // generous: the machine is shared
   const fl::WorkerStats stats = client.stats();
   CHECK(stats.steps == 3);
   REQUIRE(stats.step_seconds.size() == 3);
   for (double s : stats.step_seconds) {
     CHECK(s >= 0.05);
-    CHECK(s < 0.05 + 0.1);
+    CHECK(s < 0.05 + 0.2);
   }
   client.finish();
 }
@@ -523,7 +524,7 @@ TEST_CASE("faults: log-normal delays have the configured median; a straggler tak
     std::sort(s.begin(), s.end());
     const double median = s[s.size() / 2];
     CHECK(median > 0.004 * 0.7);  // exp(N(log 0.004, 0.5)); 41 draws
-    CHECK(median < 0.004 * 1.5 + 0.002);
+    CHECK(median < 0.004 * 1.5 + 0.003);  // sleeps overshoot a little
     CHECK(s.front() < s.back());
     client.finish();
   }
@@ -539,7 +540,7 @@ TEST_CASE("faults: log-normal delays have the configured median; a straggler tak
     }
     for (double s : client.stats().step_seconds) {
       CHECK(s >= 0.06);  // 20 ms measured, then 2 x that slept
-      CHECK(s < 0.06 + 0.05);
+      CHECK(s < 0.06 + 0.2);
     }
     client.finish();
   }

@@ -34,6 +34,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// How much later than the timeout the watchdog fails a pull (see register_job).
+constexpr std::chrono::milliseconds kServerFirst{200};
+
 // The row shape of a placement: its shape without axis 0 (rank 0: no dimensions).
 Shape row_shape(const VariablePlacement& p) {
   if (p.shape.rank() == 0) return Shape{};
@@ -178,8 +181,10 @@ struct WorkerClient::State {
   std::vector<std::pair<int, Bytes>> register_job(const std::shared_ptr<PullJob>& job, const std::vector<int>& servers_of,
                                                   const std::vector<Tensor>& sparse_rows) {
     std::vector<std::pair<int, Bytes>> out;
+    // A little past the timeout: a server that parked the pull answers at the timeout itself, with
+    // an error that names the workers it waits for, which says more than "no reply".
     const Clock::time_point deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(config.timeout);
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(config.timeout) + kServerFirst;
     for (size_t part = 0; part < servers_of.size(); ++part) {
       const int server = servers_of[part];
       const uint64_t id = next_request++;
@@ -616,7 +621,8 @@ void WorkerClient::push(int server, const std::vector<VariableGradient>& grads) 
   if (server < 0 || server >= s.config.num_servers) {
     fail<InvalidArgument>("ps push (worker {}): server {} is outside [0, {})", worker, server, s.config.num_servers);
   }
-  // Arguments first: a bad call must not count a step.
+  // Arguments first: a bad call must not count a step. Sparse ids are read to the host here.
+  std::vector<std::vector<int64_t>> host_ids(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
     const VariableGradient& g = grads[i];
     const VariablePlacement* p = s.find(g.var_id);
@@ -628,16 +634,25 @@ void WorkerClient::push(int server, const std::vector<VariableGradient>& grads) 
       fail<DTypeError>("ps push of '{}' (worker {}): the gradient is {}; the variable is {}", p->name, worker,
                        g.grad.dtype(), p->dtype);
     }
-    if (g.ids.defined()) {
-      if (g.ids.dtype() != DType::i64 || g.ids.rank() != 1 || g.grad.rank() < 1 ||
-          !(g.grad.shape() == rows_shape(*p, g.ids.shape()[0]))) {
-        fail<ShapeError>("ps push of '{}' (worker {}): a sparse gradient needs ids i64 [n] and rows [n, {}...]; got ids "
-                         "{} {} and rows {}",
-                         p->name, worker, g.ids.dtype(), g.ids.shape(), g.grad.shape(), row_shape(*p));
+    if (!g.ids.defined()) {
+      if (!(g.grad.shape() == p->shape)) {
+        fail<ShapeError>("ps push of '{}' (worker {}): the gradient has shape {}; the variable has {}", p->name, worker,
+                         g.grad.shape(), p->shape);
       }
-    } else if (!(g.grad.shape() == p->shape)) {
-      fail<ShapeError>("ps push of '{}' (worker {}): the gradient has shape {}; the variable has {}", p->name, worker,
-                       g.grad.shape(), p->shape);
+      continue;
+    }
+    if (g.ids.dtype() != DType::i64 || g.ids.rank() != 1 || p->shape.rank() == 0 ||
+        !(g.grad.shape() == rows_shape(*p, g.ids.shape()[0]))) {
+      fail<ShapeError>("ps push of '{}' (worker {}): a sparse gradient needs ids i64 [n] and rows [n, {}...]; got ids {} "
+                       "{} and rows {}",
+                       p->name, worker, row_shape(*p), g.ids.dtype(), g.ids.shape(), g.grad.shape());
+    }
+    host_ids[i] = g.ids.to_vector<int64_t>();
+    for (size_t k = 0; k < host_ids[i].size(); ++k) {
+      if (host_ids[i][k] >= p->rows()) {  // negative ids are padding, skipped
+        fail<OutOfRange>("ps push of '{}' (worker {}): id {} at position {} is outside [0, {})", p->name, worker,
+                         host_ids[i][k], k, p->rows());
+      }
     }
   }
   std::lock_guard step_lock(s.step_mutex);
@@ -652,7 +667,8 @@ void WorkerClient::push(int server, const std::vector<VariableGradient>& grads) 
   if (clock > s.steps) s.step_bookkeeping(clock);
 
   Push message{worker, clock, 0, {}};
-  for (const VariableGradient& g : grads) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const VariableGradient& g = grads[i];
     const VariablePlacement& p = *s.find(g.var_id);
     const ShardPiece* piece = p.piece_on(server);
     if (!piece) continue;
@@ -662,37 +678,31 @@ void WorkerClient::push(int server, const std::vector<VariableGradient>& grads) 
         message.entries.push_back({g.var_id, Tensor(), grad});
       } else {
         // The piece's rows: a view of the contiguous gradient (encode copies it).
-        const int64_t stride = p.row_elements();
+        const Shape shape = rows_shape(p, piece->rows());
         message.entries.push_back({g.var_id, Tensor(),
-                                   Tensor::view(grad.storage(), rows_shape(p, piece->rows()),
-                                                contiguous_strides(rows_shape(p, piece->rows())),
-                                                grad.offset() + piece->row_begin * stride, grad.dtype())});
+                                   Tensor::view(grad.storage(), shape, contiguous_strides(shape),
+                                                grad.offset() + piece->row_begin * p.row_elements(), grad.dtype())});
       }
       continue;
     }
-    const std::vector<int64_t> ids = g.ids.to_vector<int64_t>();
+    // The ids this server owns, made local, and their gradient rows.
     std::vector<int64_t> local, source;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const int64_t id = ids[i];
-      if (id < 0) continue;  // padding after the unique ids
-      if (id >= p.rows()) {
-        fail<OutOfRange>("ps push of '{}' (worker {}): id {} at position {} is outside [0, {})", p.name, worker, id, i,
-                         p.rows());
-      }
+    for (size_t k = 0; k < host_ids[i].size(); ++k) {
+      const int64_t id = host_ids[i][k];
       if (id >= piece->row_begin && id < piece->row_end) {
         local.push_back(id - piece->row_begin);
-        source.push_back(static_cast<int64_t>(i));
+        source.push_back(static_cast<int64_t>(k));
       }
     }
     if (local.empty()) continue;
-    const auto k = static_cast<int64_t>(local.size());
-    Tensor rows = Tensor::empty(Shape{k}, DType::i64);
+    const auto n = static_cast<int64_t>(local.size());
+    Tensor rows = Tensor::empty(Shape{n}, DType::i64);
     std::memcpy(rows.raw_data(), local.data(), local.size() * sizeof(int64_t));
-    Tensor values = Tensor::empty(rows_shape(p, k), p.dtype);
+    Tensor values = Tensor::empty(rows_shape(p, n), p.dtype);
     const int64_t bytes = row_bytes(p);
     const auto* in = static_cast<const char*>(grad.raw_data());
     auto* out = static_cast<char*>(values.raw_data());
-    for (int64_t j = 0; j < k; ++j) {
+    for (int64_t j = 0; j < n; ++j) {
       std::memcpy(out + j * bytes, in + source[static_cast<size_t>(j)] * bytes, static_cast<size_t>(bytes));
     }
     message.entries.push_back({g.var_id, std::move(rows), std::move(values)});

@@ -19,7 +19,9 @@
 // steps() grows by one.
 //
 // Timeouts: a pull whose reply has not come within the timeout fails with DeadlineExceeded naming
-// the server, the variable and the worker (a watchdog thread checks every pending request).
+// the server, the variable and the worker (a watchdog thread checks every pending request). The
+// watchdog allows 0.2 s beyond the timeout, so that a server's own deadline error for a pull it
+// parked (which names the workers it waits for) arrives first.
 #pragma once
 
 #include <chrono>
