@@ -51,11 +51,12 @@ class FakeCluster {
   // How a server answers one request: nullopt for the default answer; a message to send instead.
   using Script = std::function<std::optional<ps::Message>(int server, const ps::Message& request)>;
 
-  FakeCluster(int servers, int workers, std::vector<ps::VariablePlacement> placements, std::vector<fl::Tensor> tables)
+  FakeCluster(int servers, int workers, std::vector<ps::VariablePlacement> placements, std::vector<fl::Tensor> tables,
+              double message_delay = 0)
       : servers_(servers),
         placements_(std::move(placements)),
         tables_(std::move(tables)),
-        transport_(ps::make_in_memory_transport(servers + workers)),
+        transport_(ps::make_in_memory_transport(servers + workers, std::chrono::duration<double>(message_delay))),
         got_(static_cast<size_t>(servers)),
         versions_(static_cast<size_t>(servers), 0) {
     (void)devices_ready;
@@ -587,7 +588,7 @@ struct Fixture {
   std::unique_ptr<ps::WorkerClient> client;
   ps::WorkerContext context;
 
-  explicit Fixture(const std::vector<std::pair<std::string, fl::Shape>>& shapes) {
+  explicit Fixture(const std::vector<std::pair<std::string, fl::Shape>>& shapes, double message_delay = 0) {
     double base = 1;
     for (const auto& [name, shape] : shapes) {
       locals.emplace_back(fl::zeros(shape), name);
@@ -595,7 +596,7 @@ struct Fixture {
       server_tables.push_back(table(shape, base));
       base += 1000;
     }
-    cluster = std::make_unique<FakeCluster>(2, 1, vars->placements(), server_tables);
+    cluster = std::make_unique<FakeCluster>(2, 1, vars->placements(), server_tables, message_delay);
     client = std::make_unique<ps::WorkerClient>(config(2), vars->placements(), cluster->transport());
     client->start();
     context = ps::WorkerContext{client.get(), &strategy_identity};
@@ -800,4 +801,63 @@ TEST_CASE("ServerVariables::push (apply_gradients) checks its arguments") {
   CHECK(f.cluster->received_of<ps::Push>(0).size() == 1);
   CHECK(f.cluster->received_of<ps::Push>(1).size() == 1);
   CHECK(f.client->steps() == 1);
+}
+
+TEST_CASE("ServerVariables: a traced step over a transport that delays messages matches the eager step") {
+  // Replies come on the transport's delivery threads, 5 ms late: the async nodes complete there.
+  Fixture f({{"w", {4, 8}}, {"emb", {10, 8}}}, 0.005);
+  const fl::Tensor x = table({3, 4}, 0) * 0.01f;
+  const fl::Tensor ids = fl::tensor(std::vector<int64_t>{9, 1, 9}, fl::Shape{3});
+  auto step = [&](fl::Tensor input, fl::Tensor i) {
+    fl::GradientTape tape;
+    fl::Tensor y = fl::matmul(input, f.locals[0]) + fl::gather(f.locals[1], i);
+    fl::Tensor loss = fl::sum(y * y);
+    f.vars->push(tape.gradient(loss, {f.locals[0], f.locals[1]}), f.locals);
+    return loss;
+  };
+  ps::WorkerScope scope(&f.context);
+  const fl::Tensor eager = step(x, ids);
+  auto traced = fl::trace(step);
+  for (int i = 0; i < 3; ++i) CHECK(same(traced(x, ids), test::values(eager), {}));
+  CHECK(f.client->steps() == 4);
+  // Every push arrives, in clock order, each with the same gradients.
+  std::vector<ps::Push> p0;
+  for (int wait = 0; wait < 200 && p0.size() < 4; ++wait) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    p0 = f.cluster->received_of<ps::Push>(0);
+  }
+  REQUIRE(p0.size() == 4);
+  for (size_t k = 0; k < 4; ++k) {
+    CHECK(p0[k].clock == static_cast<int64_t>(k) + 1);
+    REQUIRE(p0[k].entries.size() == p0[0].entries.size());
+    for (size_t e = 0; e < p0[k].entries.size(); ++e) {
+      CHECK(same(p0[k].entries[e].grad, test::values(p0[0].entries[e].grad), p0[0].entries[e].grad.shape()));
+    }
+  }
+}
+
+TEST_CASE("ps ops: a step traced with one worker client refuses to run once that client is gone") {
+  auto vars = std::make_shared<ps::ServerVariables>(&strategy_identity, 1, fl::ShardingPolicy{});
+  fl::Variable w(fl::zeros({2}), "w");
+  vars->add(vars, fd::VariableAccess::state(w));
+  const auto placements = vars->placements();
+  auto traced = fl::trace([&](fl::Tensor x) { return x * w; });
+  const fl::Tensor x = fl::ones({2});
+  {
+    FakeCluster cluster(1, 1, placements, {table({2}, 5)});
+    ps::WorkerClient client(config(1), placements, cluster.transport());
+    client.start();
+    ps::WorkerContext context{&client, &strategy_identity};
+    ps::WorkerScope scope(&context);
+    CHECK(same(traced(x), {5, 6}, {2}));
+    client.finish();
+  }
+  FakeCluster cluster(1, 1, placements, {table({2}, 7)});
+  ps::WorkerClient client(config(1), placements, cluster.transport());
+  client.start();
+  ps::WorkerContext context{&client, &strategy_identity};
+  ps::WorkerScope scope(&context);
+  test::check_throws<fl::InvalidArgument>([&] { (void)traced(x); }, {"ps_pull", "earlier"});
+  CHECK(same(x * w, {7, 8}, {2}));  // eagerly, the current client
+  client.finish();
 }
