@@ -142,7 +142,10 @@ class Simulation {
     double now = 0;
     while (applied_ < target_) {
       // Every step takes time and every worker keeps stepping or waits for one that does, so the
-      // queue is never empty before the target is reached.
+      // queue is never empty before the target is reached; if it were, say so instead of reading it.
+      if (events_.empty()) {
+        detail::fail<Error>("{}: no event left after {} of {} updates (a bug of the model)", kOp, applied_, target_);
+      }
       const Event event = events_.top();
       events_.pop();
       now = event.time;
