@@ -196,7 +196,7 @@ TEST_CASE("mpi parameter servers: a sparse table across processes") {
     }
   }
   const std::vector<double> got = test::values(table.value());
-  CHECK(test::check_values(got, want, {1e-6, 1e-6}, "table"));
+  CHECK(test::check_values(got, want, {1e-6, 1e-6}));
   size_t unchanged = 0;
   for (size_t i = 0; i < got.size(); ++i) unchanged += got[i] == init_values[i] ? 1 : 0;
   CHECK(unchanged >= got.size() - 2 * 16 * kCols);

@@ -35,6 +35,14 @@ ParameterServerStats StrategyCore::run_in_process(const WorkerFunction& worker_f
     server_error = std::current_exception();
   }
 
+  if (server_error) {
+    // No worker runs: the servers that did start end with every worker's goodbye.
+    for (int w = 0; w < num_workers; ++w) {
+      const Bytes goodbye = encode(Message(Goodbye{w, 0}));
+      for (int s = 0; s < started_servers; ++s) transport_->send(num_servers + w, s, goodbye);
+    }
+  }
+
   std::vector<std::unique_ptr<WorkerClient>> clients;
   std::vector<WorkerOutcome> outcomes(static_cast<size_t>(num_workers));
   // Worker errors in the order they happened: the first is most likely the cause of the others.

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 
+#include "collective/transport/process.hpp"
 #include "core/check.hpp"
+#include "flowlet/collective.hpp"
+#include "flowlet/ops/creation.hpp"
 #include "flowlet/device_scope.hpp"
 #include "flowlet/eager_scope.hpp"
 #include "flowlet/ops/shape.hpp"
@@ -119,6 +122,44 @@ ParameterServerStats combined_stats(TrainingMode mode, double wall_seconds, std:
   stats.servers = std::move(servers);
   stats.workers = std::move(workers);
   return stats;
+}
+
+void check_processes_agree(Communicator& communicator, const std::vector<int64_t>& facts, const char* what) {
+  std::vector<Tensor> reduced;
+  for (ReduceOp op : {ReduceOp::max, ReduceOp::min}) {
+    CollectiveCall call;
+    call.kind = CollectiveKind::all_reduce;
+    call.op = op;
+    call.input = tensor_from_host(facts.data(), facts.size(), i64, Shape{static_cast<int64_t>(facts.size())}, Device());
+    reduced.push_back(communicator.run(0, std::move(call)));
+  }
+  if (reduced[0].to_vector<int64_t>() != facts || reduced[1].to_vector<int64_t>() != facts) {
+    fail<InvalidArgument>("ParameterServerStrategy: the processes disagree on {} (every process must make its "
+                          "strategies with the same options, make the same server variables in the same order, and "
+                          "call run() at the same points); this is process {} of {}",
+                          what, process_index(), process_count());
+  }
+}
+
+std::vector<int64_t> option_facts(const ParameterServerOptions& o) {
+  FactHash h;
+  h.add(o.num_servers).add(o.num_workers).add(o.mode).add(o.backup_workers).add(o.staleness);
+  h.add(o.sharding.min_bytes_to_split).add(o.sharding.max_shards).add(o.timeout_seconds);
+  for (int p : o.server_processes) h.add(p);
+  const StepDelay& d = o.faults.step_delay;
+  h.add(d.kind).add(d.seconds).add(d.sigma).add(d.worker).add(d.factor).add(o.faults.seed);
+  for (const auto& [worker, step] : o.faults.stop_worker_at_step) h.add(worker).add(step);
+  return {o.num_servers, h.value()};
+}
+
+std::vector<int64_t> placement_facts(const std::vector<VariablePlacement>& placements) {
+  FactHash h;
+  for (const VariablePlacement& p : placements) {
+    h.add(p.shape.rank()).add(p.dtype);
+    for (int64_t d : p.shape) h.add(d);
+    for (const ShardPiece& piece : p.pieces) h.add(piece.server).add(piece.row_begin).add(piece.row_end);
+  }
+  return {static_cast<int64_t>(placements.size()), h.value()};
 }
 
 std::exception_ptr first_error(const std::vector<std::exception_ptr>& errors) {

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <exception>
 #include <memory>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ps/strategy/strategy_core.hpp"
@@ -43,6 +45,33 @@ void store_values(const std::vector<std::shared_ptr<VariableState>>& states, con
 // The run's counters: per server and per worker (sorted by index) and their totals.
 ParameterServerStats combined_stats(TrainingMode mode, double wall_seconds, std::vector<ServerStats> servers,
                                     std::vector<WorkerStats> workers);
+
+// Under mpirun: returns when every process passed the same `facts` (a fixed number of them), and
+// throws InvalidArgument on every process otherwise, naming `what` they disagree on. Collective.
+void check_processes_agree(Communicator& communicator, const std::vector<int64_t>& facts, const char* what);
+// A 64-bit FNV-1a hash, to fold many facts into one.
+class FactHash {
+ public:
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  FactHash& add(const T& value) {
+    const auto* p = reinterpret_cast<const unsigned char*>(&value);
+    for (size_t i = 0; i < sizeof(T); ++i) hash_ = (hash_ ^ p[i]) * 1099511628211ull;
+    return *this;
+  }
+  FactHash& add(const std::string& text) {
+    add(text.size());
+    for (char c : text) add(c);
+    return *this;
+  }
+  int64_t value() const { return static_cast<int64_t>(hash_); }
+
+ private:
+  uint64_t hash_ = 14695981039346656037ull;
+};
+// The facts every process must agree on: its options, and its server variables' placements.
+std::vector<int64_t> option_facts(const ParameterServerOptions& options);
+std::vector<int64_t> placement_facts(const std::vector<VariablePlacement>& placements);
 
 // The error run() reports: the earliest of `errors` in the order given that is set.
 std::exception_ptr first_error(const std::vector<std::exception_ptr>& errors);

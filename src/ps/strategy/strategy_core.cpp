@@ -10,6 +10,7 @@
 #include "core/check.hpp"
 #include "flowlet/collective.hpp"
 #include "flowlet/eager_scope.hpp"
+#include "ps/strategy/run_steps.hpp"
 #include "state/mirrored_variable.hpp"
 
 namespace flowlet::detail::ps {
@@ -241,6 +242,7 @@ StrategyCore::StrategyCore(ParameterServerOptions opts)
   CommunicatorOptions patient;
   patient.timeout_seconds = 1e7;  // about 116 days: see end_ in the header
   end_ = make_communicator({Device()}, patient);
+  check_processes_agree(*collectives_, option_facts(options), "the strategy's options");
   servers_.resize(static_cast<size_t>(options.num_servers));
 }
 
@@ -268,7 +270,10 @@ WorkerConfig StrategyCore::worker_config(int worker) const {
   config.num_servers = options.num_servers;
   config.num_workers = options.num_workers;
   config.mode = options.mode;
-  config.timeout = timeout;
+  // The server is the one that knows whom a parked pull waits for (ps_options.hpp: the error names
+  // the server and the workers it waits for), so the client's own watchdog, there for a server
+  // that never answers, gives the server's error reply time to arrive first.
+  config.timeout = timeout * 1.25 + std::chrono::duration<double>(0.5 + 2 * options.faults.message_delay_seconds);
   config.device = options.worker_devices[static_cast<size_t>(worker)];
   config.faults = options.faults;
   return config;
@@ -329,7 +334,10 @@ ParameterServerStats StrategyCore::run(const OptimizerFactory& make_optimizer, c
     if (!probe) fail<InvalidArgument>("{}::run: make_optimizer returned a null optimizer", kWho);
   }
   std::lock_guard run_lock(run_mutex_);
-  prepare_servers(variables->placements());
+  const std::vector<VariablePlacement> placements = variables->placements();
+  // Under mpirun, before anything is served: every process must mean the same variables.
+  if (!role.in_process) check_processes_agree(*collectives_, placement_facts(placements), "the server variables");
+  prepare_servers(placements);
   {
     std::lock_guard lock(factory_mutex_);
     factory_ = &make_optimizer;
