@@ -1,1 +1,859 @@
-// Placeholder of the parameter-server seam (issue 13): filled in by its part.
+// The parameter server (src/ps/server): one or two ShardServers driven through a Transport, the
+// workers being plain handlers that collect the servers' replies. Every mode with exact accounting
+// (SGD on counter-like variables: the values are the initial ones minus lr times the sum of the
+// gradients the server reports applied), the sync step's backups, late and duplicate pushes,
+// bounded staleness, timeouts, bad and malformed messages, sparse SGD / Adam against host
+// arithmetic, a variable split over two servers, optimizer state across runs, and finish().
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "flowlet/ops/shape.hpp"
+#include "ps/server/optimizer_access.hpp"
+#include "ps/server/shard_server.hpp"
+#include "ps/sharding.hpp"
+#include "ps/transport/transport.hpp"
+#include "ps/wire/messages.hpp"
+#include "support/reference.hpp"
+
+namespace {
+
+namespace ps = fl::detail::ps;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// The transport under test: the wire part's in-process one when merged, else this stand-in with
+// the same contract at message_delay 0 (the handler runs inside send(), one call at a time per
+// endpoint; pending messages wait for attach; counters per endpoint).
+
+class FakeTransport final : public ps::Transport {
+ public:
+  explicit FakeTransport(int endpoints) : Transport(endpoints), slots_(static_cast<size_t>(endpoints)) {}
+
+  bool hosts(int endpoint) const override { return endpoint >= 0 && endpoint < endpoints(); }
+
+  void attach(int endpoint, Handler handler) override {
+    Slot& slot = at(endpoint);
+    std::lock_guard lock(slot.delivering);
+    if (slot.handler) throw fl::InvalidArgument("FakeTransport::attach: endpoint already attached");
+    slot.handler = std::move(handler);
+    slot.detached = false;
+    for (auto& [from, bytes] : slot.pending) slot.handler(from, std::move(bytes));
+    slot.pending.clear();
+  }
+  void detach(int endpoint) override {
+    Slot& slot = at(endpoint);
+    std::lock_guard lock(slot.delivering);
+    slot.handler = nullptr;
+    slot.detached = true;
+  }
+  void send(int from, int to, ps::Bytes message) override {
+    at(from);
+    Slot& slot = at(to);
+    {
+      std::lock_guard lock(counters_mutex_);
+      auto& sender = slots_[static_cast<size_t>(from)].counters;
+      sender.messages_sent += 1;
+      sender.bytes_sent += static_cast<int64_t>(message.size());
+      slot.counters.messages_received += 1;
+      slot.counters.bytes_received += static_cast<int64_t>(message.size());
+    }
+    std::lock_guard lock(slot.delivering);
+    if (slot.detached) return;
+    if (!slot.handler) {
+      slot.pending.emplace_back(from, std::move(message));
+      return;
+    }
+    slot.handler(from, std::move(message));
+  }
+  ps::TransportCounters counters(int endpoint) const override {
+    std::lock_guard lock(counters_mutex_);
+    return slots_[static_cast<size_t>(endpoint)].counters;
+  }
+  void reset_counters() override {
+    std::lock_guard lock(counters_mutex_);
+    for (Slot& slot : slots_) slot.counters = {};
+  }
+  std::string describe() const override { return "fake transport"; }
+
+ private:
+  struct Slot {
+    std::mutex delivering;
+    Handler handler;
+    bool detached = false;
+    std::vector<std::pair<int, ps::Bytes>> pending;
+    ps::TransportCounters counters;
+  };
+  Slot& at(int endpoint) {
+    if (!hosts(endpoint)) throw fl::InvalidArgument("FakeTransport: endpoint out of range");
+    return slots_[static_cast<size_t>(endpoint)];
+  }
+  mutable std::mutex counters_mutex_;
+  std::vector<Slot> slots_;
+};
+
+std::unique_ptr<ps::Transport> make_transport(int endpoints) { return std::make_unique<FakeTransport>(endpoints); }
+
+// ---------------------------------------------------------------------------------------------
+// A cluster of test workers: endpoint num_servers + w collects what servers send to worker w.
+
+class Workers {
+ public:
+  Workers(int servers, int workers)
+      : servers_(servers), transport_(make_transport(servers + workers)), inboxes_(new Inbox[static_cast<size_t>(workers)]) {
+    for (int w = 0; w < workers; ++w) {
+      transport_->attach(servers + w, [this, w](int, ps::Bytes bytes) {
+        Inbox& inbox = inboxes_[static_cast<size_t>(w)];
+        {
+          std::lock_guard lock(inbox.mutex);
+          inbox.messages.push_back(ps::decode(bytes));
+        }
+        inbox.ready.notify_all();
+      });
+    }
+  }
+
+  ps::Transport& transport() { return *transport_; }
+  int endpoint(int worker) const { return servers_ + worker; }
+
+  // Sends `message` from worker `worker` to server `server`; returns its size on the wire.
+  int64_t send(int worker, const ps::Message& message, int server = 0) {
+    ps::Bytes bytes = ps::encode(message);
+    const auto size = static_cast<int64_t>(bytes.size());
+    transport_->send(endpoint(worker), server, std::move(bytes));
+    return size;
+  }
+  void send_bytes(int from_endpoint, ps::Bytes bytes, int server = 0) {
+    transport_->send(from_endpoint, server, std::move(bytes));
+  }
+
+  // The next message to `worker`, waiting up to `within`; fails the test when none comes.
+  ps::Message next(int worker, std::chrono::duration<double> within = 10s) {
+    Inbox& inbox = inboxes_[static_cast<size_t>(worker)];
+    std::unique_lock lock(inbox.mutex);
+    const bool arrived = inbox.ready.wait_for(lock, within, [&] { return !inbox.messages.empty(); });
+    REQUIRE_MESSAGE(arrived, "worker " << worker << " got no message within " << within.count() << " s");
+    ps::Message message = std::move(inbox.messages.front());
+    inbox.messages.pop_front();
+    return message;
+  }
+  template <class T>
+  T next_as(int worker, std::chrono::duration<double> within = 10s) {
+    ps::Message message = next(worker, within);
+    std::string detail = ps::message_name(message);
+    if (auto* error = std::get_if<ps::ErrorReply>(&message)) detail += ": " + error->message;
+    REQUIRE_MESSAGE(std::holds_alternative<T>(message), "worker " << worker << " got an unexpected " << detail);
+    return std::get<T>(std::move(message));
+  }
+  // True when nothing reaches `worker` for `period`.
+  bool quiet(int worker, std::chrono::duration<double> period = 150ms) {
+    Inbox& inbox = inboxes_[static_cast<size_t>(worker)];
+    std::unique_lock lock(inbox.mutex);
+    return !inbox.ready.wait_for(lock, period, [&] { return !inbox.messages.empty(); });
+  }
+
+ private:
+  struct Inbox {
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<ps::Message> messages;
+  };
+  int servers_;
+  std::unique_ptr<ps::Transport> transport_;
+  std::unique_ptr<Inbox[]> inboxes_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Messages, configurations and values.
+
+ps::PullRequest pull(uint64_t id, int worker, int64_t clock, int32_t var, int64_t min_version = 0) {
+  return ps::PullRequest{id, worker, clock, var, min_version};
+}
+ps::SparsePullRequest sparse_pull(uint64_t id, int worker, int32_t var, std::vector<int64_t> rows) {
+  const auto n = static_cast<int64_t>(rows.size());
+  return ps::SparsePullRequest{id, worker, 0, var, 0, fl::tensor(rows, fl::Shape{n})};
+}
+ps::PushEntry dense(int32_t var, const fl::Tensor& grad) { return ps::PushEntry{var, fl::Tensor(), grad}; }
+ps::PushEntry sparse(int32_t var, std::vector<int64_t> rows, const fl::Tensor& grad) {
+  const auto n = static_cast<int64_t>(rows.size());
+  return ps::PushEntry{var, fl::tensor(rows, fl::Shape{n}), grad};
+}
+ps::Push push(int worker, int64_t clock, int64_t read_version, std::vector<ps::PushEntry> entries) {
+  return ps::Push{worker, clock, read_version, std::move(entries)};
+}
+ps::Goodbye goodbye(int worker, int64_t clock = 0) { return ps::Goodbye{worker, clock}; }
+
+fl::Tensor f32(const std::vector<double>& values) { return test::make(values); }
+fl::Tensor f32(const std::vector<double>& values, const fl::Shape& shape) { return test::make(values, shape); }
+
+std::function<std::unique_ptr<fl::optim::Optimizer>()> sgd(double lr, double momentum = 0) {
+  return [=] { return std::make_unique<fl::optim::SGD>(lr, momentum); };
+}
+
+ps::ServerConfig config(int workers, fl::TrainingMode mode, std::function<std::unique_ptr<fl::optim::Optimizer>()> opt,
+                        int server = 0, int servers = 1) {
+  ps::ServerConfig c;
+  c.server = server;
+  c.num_servers = servers;
+  c.num_workers = workers;
+  c.mode = mode;
+  c.timeout = std::chrono::duration<double>(30.0);
+  c.make_optimizer = std::move(opt);
+  return c;
+}
+
+// Placements as the strategy makes them: whole variables round-robin, large ones split.
+std::vector<ps::VariablePlacement> place(int servers, const std::vector<std::pair<fl::Shape, fl::DType>>& vars,
+                                         int64_t min_bytes_to_split = int64_t{1} << 20) {
+  ps::Placer placer(servers, fl::ShardingPolicy{min_bytes_to_split, 0});
+  std::vector<ps::VariablePlacement> placements;
+  for (size_t i = 0; i < vars.size(); ++i) {
+    placements.push_back(placer.place(static_cast<int32_t>(i), "v" + std::to_string(i), vars[i].first, vars[i].second));
+  }
+  return placements;
+}
+
+Clock::time_point soon(std::chrono::duration<double> d = 10s) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(d);
+}
+
+std::vector<double> values(const fl::Tensor& t) { return test::values(t); }
+
+// Expects ErrorReply(request_id, code) whose message contains every part.
+void expect_error(const ps::Message& message, uint64_t request_id, ps::ErrorCode code,
+                  const std::vector<std::string>& parts) {
+  REQUIRE_MESSAGE(std::holds_alternative<ps::ErrorReply>(message), "got a " << ps::message_name(message));
+  const auto& error = std::get<ps::ErrorReply>(message);
+  CHECK(error.request_id == request_id);
+  CHECK(static_cast<int>(error.code) == static_cast<int>(code));
+  for (const std::string& part : parts) {
+    CHECK_MESSAGE(error.message.find(part) != std::string::npos, "\"" << error.message << "\" lacks \"" << part << "\"");
+  }
+}
+
+std::vector<int64_t> histogram_head(const ps::ServerStats& stats, size_t n) {
+  REQUIRE(stats.staleness_histogram.size() == 64);
+  return std::vector<int64_t>(stats.staleness_histogram.begin(), stats.staleness_histogram.begin() + n);
+}
+
+}  // namespace
+
+// =============================================================================================
+
+TEST_CASE("async: every push applied at once; staleness = version - read version; exact counters") {
+  Workers cluster(1, 2);
+  ps::ShardServer server(config(2, fl::TrainingMode::async, sgd(0.5)), place(1, {{{3}, fl::f32}}),
+                         cluster.transport());
+  server.seed({f32({10, 20, 30})});
+  server.start();
+  int64_t sent = 0;
+  sent += cluster.send(0, pull(1, 0, 0, 0));
+  auto first = cluster.next_as<ps::PullReply>(0);
+  CHECK(first.request_id == 1);
+  CHECK(first.version == 0);
+  CHECK(values(first.value) == std::vector<double>{10, 20, 30});
+
+  sent += cluster.send(0, push(0, 1, 0, {dense(0, f32({1, 2, 3}))}));  // staleness 0 -> version 1
+  sent += cluster.send(1, push(1, 1, 0, {dense(0, f32({2, 2, 2}))}));  // staleness 1 -> version 2
+  sent += cluster.send(0, push(0, 2, 1, {dense(0, f32({4, 0, 0}))}));  // staleness 1 -> version 3
+  sent += cluster.send(1, pull(2, 1, 1, 0));
+  auto after = cluster.next_as<ps::PullReply>(1);
+  CHECK(after.request_id == 2);
+  CHECK(after.version == 3);
+  // 10 - 0.5 * (1 + 2 + 4), 20 - 0.5 * (2 + 2 + 0), 30 - 0.5 * (3 + 2 + 0)
+  CHECK(values(after.value) == std::vector<double>{6.5, 18, 27.5});
+
+  sent += cluster.send(0, goodbye(0));
+  sent += cluster.send(1, goodbye(1));
+  server.finish(soon());
+
+  const ps::ServerStats stats = server.stats();
+  CHECK(stats.server == 0);
+  CHECK(stats.version == 3);
+  CHECK(stats.updates_applied == 3);
+  CHECK(stats.updates_dropped == 0);
+  CHECK(stats.steps == 3);
+  CHECK(histogram_head(stats, 3) == std::vector<int64_t>{1, 2, 0});
+  CHECK(stats.max_staleness == 1);
+  CHECK(stats.messages_received == 7);
+  CHECK(stats.bytes_received == sent);
+  CHECK(stats.messages_sent == 2);
+  CHECK(stats.bytes_sent ==
+        static_cast<int64_t>(ps::encode(first).size() + ps::encode(after).size()));
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{6.5, 18, 27.5});
+  REQUIRE(server.optimizer(0) != nullptr);
+  CHECK(server.optimizer(0)->iterations().value().item<int64_t>() == 3);
+}
+
+TEST_CASE("sync, 3 workers + 1 backup: first 3 pushes make the step; late and duplicate pushes dropped; "
+          "parked pulls answered; fewer live workers still complete steps") {
+  Workers cluster(1, 4);
+  ps::ServerConfig c = config(4, fl::TrainingMode::sync, sgd(1.0));
+  c.backup_workers = 1;
+  ps::ShardServer server(c, place(1, {{{2}, fl::f32}}), cluster.transport());
+  server.seed({f32({0, 0})});
+  server.start();
+
+  // Step 0: worker 3 waits for version 1; workers 0, 1, 2 complete the step, worker 3 is late.
+  cluster.send(3, pull(10, 3, 0, 0, /*min_version=*/1));
+  cluster.send(0, push(0, 1, 0, {dense(0, f32({3, 6}))}));
+  cluster.send(1, push(1, 1, 0, {dense(0, f32({6, 3}))}));
+  CHECK(cluster.quiet(3));  // two of three pushes: the pull stays parked
+  cluster.send(2, push(2, 1, 0, {dense(0, f32({0, 3}))}));
+  auto reply = cluster.next_as<ps::PullReply>(3);
+  CHECK(reply.request_id == 10);
+  CHECK(reply.version == 1);
+  CHECK(values(reply.value) == std::vector<double>{-3, -4});  // -(mean of the three)
+  cluster.send(3, push(3, 1, 0, {dense(0, f32({100, 100}))}));  // late: read version 0 < 1
+  CHECK(cluster.quiet(3));  // dropped silently: the worker learns the new version from its next pull
+
+  // Step 1: worker 0 pushes twice (the second dropped), 1 and 2 complete it.
+  cluster.send(0, push(0, 2, 1, {dense(0, f32({1, 1}))}));
+  cluster.send(0, push(0, 3, 1, {dense(0, f32({100, 100}))}));
+  cluster.send(1, push(1, 2, 1, {dense(0, f32({2, 2}))}));
+  cluster.send(2, push(2, 2, 1, {dense(0, f32({3, 3}))}));
+  cluster.send(0, pull(11, 0, 3, 0, 2));
+  auto step1 = cluster.next_as<ps::PullReply>(0);
+  CHECK(step1.version == 2);
+  CHECK(values(step1.value) == std::vector<double>{-5, -6});
+
+  // Workers 2 and 3 leave: two live workers are fewer than the 3 a step takes, so both make it.
+  cluster.send(2, goodbye(2));
+  cluster.send(3, goodbye(3));
+  cluster.send(0, push(0, 4, 2, {dense(0, f32({1, 0}))}));
+  CHECK(cluster.quiet(0));
+  cluster.send(1, push(1, 3, 2, {dense(0, f32({3, 2}))}));
+  cluster.send(0, pull(12, 0, 4, 0, 3));
+  auto step2 = cluster.next_as<ps::PullReply>(0);
+  CHECK(step2.version == 3);
+  CHECK(values(step2.value) == std::vector<double>{-7, -7});
+
+  cluster.send(0, goodbye(0));
+  cluster.send(1, goodbye(1));
+  server.finish(soon());
+  const ps::ServerStats stats = server.stats();
+  CHECK(stats.version == 3);
+  CHECK(stats.steps == 3);
+  CHECK(stats.updates_applied == 8);  // 3 + 3 + 2 pushes went into steps
+  CHECK(stats.updates_dropped == 2);  // the late one and the duplicate
+  CHECK(histogram_head(stats, 2) == std::vector<int64_t>{8, 0});
+  CHECK(stats.max_staleness == 0);
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{-7, -7});
+  CHECK(server.optimizer(0)->iterations().value().item<int64_t>() == 3);  // one apply per step
+}
+
+TEST_CASE("sync: sparse gradients of a step are concatenated, repeated rows summed, divided by the pushes") {
+  Workers cluster(1, 2);
+  ps::ShardServer server(config(2, fl::TrainingMode::sync, sgd(1.0)), place(1, {{{4, 2}, fl::f32}}),
+                         cluster.transport());
+  server.seed({fl::zeros({4, 2})});
+  server.start();
+  cluster.send(0, push(0, 1, 0, {sparse(0, {0, 2}, f32({2, 2, 4, 4}, {2, 2}))}));
+  cluster.send(1, push(1, 1, 0, {sparse(0, {2, 3}, f32({2, 0, 6, 6}, {2, 2}))}));
+  cluster.send(0, goodbye(0));
+  cluster.send(1, goodbye(1));
+  server.finish(soon());
+  // Row 0: 2/2; row 2: (4 + 2)/2, (4 + 0)/2; row 3: 6/2; row 1 untouched.
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{-1, -1, 0, 0, -3, -2, -3, -3});
+  CHECK(server.stats().updates_applied == 2);
+  CHECK(server.stats().steps == 1);
+}
+
+TEST_CASE("bounded staleness k = 1: a worker 2 steps ahead waits for the slowest; staleness <= k") {
+  Workers cluster(1, 2);
+  ps::ServerConfig c = config(2, fl::TrainingMode::bounded_staleness, sgd(1.0));
+  c.staleness = 1;
+  ps::ShardServer server(c, place(1, {{{2}, fl::f32}}), cluster.transport());
+  server.seed({f32({0, 0})});
+  server.start();
+
+  cluster.send(0, pull(1, 0, 0, 0));
+  CHECK(cluster.next_as<ps::PullReply>(0).version == 0);
+  cluster.send(1, pull(2, 1, 0, 0));
+  CHECK(cluster.next_as<ps::PullReply>(1).version == 0);
+
+  cluster.send(0, push(0, 1, 0, {dense(0, f32({1, 0}))}));  // staleness 0; slowest still at 0
+  cluster.send(0, pull(3, 0, 1, 0));                         // 1 step ahead: allowed
+  CHECK(cluster.next_as<ps::PullReply>(0).version == 0);
+  cluster.send(0, push(0, 2, 0, {dense(0, f32({1, 0}))}));  // staleness 0
+  cluster.send(0, pull(4, 0, 2, 0));                         // 2 steps ahead: parks
+  CHECK(cluster.quiet(0));
+  cluster.send(1, push(1, 1, 0, {dense(0, f32({0, 1}))}));  // staleness 0; slowest now 1
+  auto released = cluster.next_as<ps::PullReply>(0);
+  CHECK(released.request_id == 4);
+  CHECK(released.version == 1);
+  CHECK(values(released.value) == std::vector<double>{-2, -1});
+  cluster.send(1, push(1, 2, 0, {dense(0, f32({0, 1}))}));  // read 0 at version 1: staleness 1
+  cluster.send(0, push(0, 3, 1, {dense(0, f32({1, 0}))}));  // read 1 at version 2: staleness 1
+  cluster.send(0, pull(5, 0, 3, 0));                         // 3 - 2 <= 1
+  auto last = cluster.next_as<ps::PullReply>(0);
+  CHECK(last.version == 2);
+  CHECK(values(last.value) == std::vector<double>{-3, -2});
+
+  cluster.send(1, goodbye(1));
+  cluster.send(0, goodbye(0));
+  server.finish(soon());
+  const ps::ServerStats stats = server.stats();
+  CHECK(stats.updates_applied == 5);
+  CHECK(stats.steps == 5);
+  CHECK(stats.updates_dropped == 0);
+  CHECK(histogram_head(stats, 3) == std::vector<int64_t>{3, 2, 0});
+  CHECK(stats.max_staleness == 1);
+  CHECK(stats.version == 3);  // once worker 1 left, the slowest live worker had pushed 3
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{-3, -2});
+}
+
+TEST_CASE("a parked pull past the timeout gets ErrorReply(deadline_exceeded) naming the workers waited for") {
+  SUBCASE("sync") {
+    Workers cluster(1, 3);
+    ps::ServerConfig c = config(3, fl::TrainingMode::sync, sgd(1.0));
+    c.timeout = std::chrono::duration<double>(0.2);
+    ps::ShardServer server(c, place(1, {{{2}, fl::f32}}), cluster.transport());
+    server.seed({f32({0, 0})});
+    server.start();
+    cluster.send(0, push(0, 1, 0, {dense(0, f32({1, 1}))}));
+    const auto asked = Clock::now();
+    cluster.send(0, pull(7, 0, 1, 0, 1));
+    const ps::Message answer = cluster.next(0, 5s);
+    const double waited = std::chrono::duration<double>(Clock::now() - asked).count();
+    CHECK(waited >= 0.2);
+    CHECK(waited < 2.0);
+    expect_error(answer, 7, ps::ErrorCode::deadline_exceeded,
+                 {"parameter server 0 (sync)", "worker 0", "version 0", "needs version 1", "waiting for workers 1, 2"});
+    CHECK(server.stats().steps == 0);
+    // Once nobody is left to push, the pushes already taken make the last step (none is lost).
+    for (int w = 0; w < 3; ++w) cluster.send(w, goodbye(w));
+    server.finish(soon());
+    CHECK(server.stats().steps == 1);
+    CHECK(server.stats().updates_applied == 1);
+    CHECK(values(server.piece_values()[0]) == std::vector<double>{-1, -1});
+  }
+  SUBCASE("bounded staleness") {
+    Workers cluster(1, 2);
+    ps::ServerConfig c = config(2, fl::TrainingMode::bounded_staleness, sgd(1.0));
+    c.timeout = std::chrono::duration<double>(0.2);
+    ps::ShardServer server(c, place(1, {{{2}, fl::f32}}), cluster.transport());
+    server.seed({f32({0, 0})});
+    server.start();
+    cluster.send(0, push(0, 1, 0, {dense(0, f32({1, 1}))}));
+    cluster.send(0, pull(8, 0, 1, 0));  // k = 0: waits for worker 1's first push
+    expect_error(cluster.next(0, 5s), 8, ps::ErrorCode::deadline_exceeded,
+                 {"parameter server 0 (bounded_staleness k = 0)", "version 0", "waiting for worker 1"});
+    cluster.send(0, goodbye(0));
+    cluster.send(1, goodbye(1));
+    server.finish(soon());
+  }
+}
+
+TEST_CASE("bad pushes change nothing, count as dropped and are answered with ErrorReply") {
+  Workers cluster(1, 2);
+  // v0: a [4, 2] table, v1: a [3] vector, v2: an i64 counter nobody can train.
+  ps::ShardServer server(config(2, fl::TrainingMode::async, sgd(1.0)),
+                         place(1, {{{4, 2}, fl::f32}, {{3}, fl::f32}, {{2}, fl::i64}}), cluster.transport());
+  const fl::Tensor table = f32({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2});
+  const fl::Tensor vector = f32({1, 2, 3});
+  const fl::Tensor counter = fl::tensor(std::vector<int64_t>{5, 6}, fl::Shape{2});
+  server.seed({table, vector, counter});
+  server.start();
+
+  struct Bad {
+    ps::Push push;
+    std::string part;
+  };
+  const fl::Tensor good = f32({1, 1, 1});
+  const std::vector<Bad> bad = {
+      {push(0, 1, 0, {dense(99, good)}), "variable 99 is not held by this server"},
+      {push(0, 1, 0, {dense(1, f32({1, 1}))}), "dense gradient shape [2] differs from the piece's [3]"},
+      {push(0, 1, 0, {dense(1, test::make({1, 1, 1}, fl::f64))}), "gradient dtype f64 differs"},
+      {push(0, 1, 0, {sparse(0, {4}, f32({1, 1}, {1, 2}))}), "row 4 is outside the piece's rows [0, 4)"},
+      {push(0, 1, 0, {sparse(0, {-1}, f32({1, 1}, {1, 2}))}), "row -1 is outside"},
+      {push(0, 1, 0, {sparse(0, {1, 1}, f32({1, 1, 1, 1}, {2, 2}))}), "row 1 appears more than once"},
+      {push(0, 1, 0, {sparse(0, {0}, f32({1, 1, 1}, {1, 3}))}), "sparse gradient shape [1, 3]"},
+      {push(0, 1, 0, {ps::PushEntry{0, test::make({0}, fl::i32), f32({1, 1}, {1, 2})}}), "rows must be an i64 vector"},
+      {push(0, 1, 0, {dense(2, fl::tensor(std::vector<int64_t>{1, 1}, fl::Shape{2}))}), "takes no gradient"},
+      {push(0, 1, 0, {dense(1, good), dense(99, good)}), "variable 99"},  // the good entry is not applied either
+      {push(0, 1, 0, {dense(1, good), dense(1, good)}), "variable 'v1' appears twice"},
+      {push(1, 1, 0, {dense(1, good)}), "push from endpoint 1 claims to come from worker 1"},
+      {push(0, 1, 5, {dense(1, good)}), "read version 5"},
+  };
+  for (const Bad& b : bad) {
+    CAPTURE(b.part);
+    cluster.send(0, b.push);
+    expect_error(cluster.next(0), 0, ps::ErrorCode::invalid_argument,
+                 {"parameter server 0 (async): dropped a push from worker", b.part});
+  }
+  // Bad pulls: answered with their request id (they are not updates: nothing is counted).
+  cluster.send(0, pull(41, 0, 0, 99));
+  expect_error(cluster.next(0), 41, ps::ErrorCode::invalid_argument, {"pull by worker 0: variable 99 is not held"});
+  cluster.send(0, sparse_pull(42, 0, 0, {9}));
+  expect_error(cluster.next(0), 42, ps::ErrorCode::invalid_argument, {"sparse pull of 'v0'", "row 9 is outside"});
+  cluster.send(0, sparse_pull(43, 0, 2, {0}));
+  CHECK(std::holds_alternative<ps::PullReply>(cluster.next(0)));  // rows of the i64 counter: readable
+  // A push after the worker's goodbye.
+  cluster.send(1, goodbye(1));
+  cluster.send(1, push(1, 1, 0, {dense(1, good)}));
+  expect_error(cluster.next(1), 0, ps::ErrorCode::invalid_argument, {"worker 1 said goodbye"});
+
+  // Nothing changed; the server still works.
+  CHECK(server.stats().updates_dropped == static_cast<int64_t>(bad.size()) + 1);
+  CHECK(server.stats().updates_applied == 0);
+  cluster.send(0, push(0, 1, 0, {dense(1, good)}));
+  cluster.send(0, goodbye(0));
+  server.finish(soon());
+  const std::vector<fl::Tensor> pieces = server.piece_values();
+  CHECK(values(pieces[0]) == values(table));
+  CHECK(values(pieces[1]) == std::vector<double>{0, 1, 2});  // only the last, good push
+  CHECK(values(pieces[2]) == std::vector<double>{5, 6});
+  CHECK(server.stats().updates_applied == 1);
+  CHECK(server.stats().version == 1);
+}
+
+TEST_CASE("malformed bytes are dropped, counted and answered; from a server endpoint they are only counted") {
+  Workers cluster(2, 1);  // endpoints: servers 0 and 1, worker 0 at 2
+  ps::ShardServer server(config(1, fl::TrainingMode::async, sgd(1.0), 0, 2), place(2, {{{2}, fl::f32}}),
+                         cluster.transport());
+  server.seed({f32({0, 0})});
+  server.start();
+
+  cluster.send_bytes(cluster.endpoint(0), ps::Bytes{std::byte{1}, std::byte{2}, std::byte{3}});
+  expect_error(cluster.next(0), 0, ps::ErrorCode::invalid_argument,
+               {"parameter server 0 (async): dropped a malformed message from endpoint 2 (worker 0)"});
+  // Every truncation of a valid push.
+  const ps::Bytes whole = ps::encode(push(0, 1, 0, {dense(0, f32({1, 1}))}));
+  for (size_t n = 0; n < whole.size(); ++n) {
+    cluster.send_bytes(cluster.endpoint(0), ps::Bytes(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(n)));
+    expect_error(cluster.next(0), 0, ps::ErrorCode::invalid_argument, {"malformed message"});
+  }
+  cluster.send_bytes(1, ps::Bytes{std::byte{0}});  // from server 1: no one to answer
+  // Messages a server never takes.
+  cluster.send(0, ps::PullReply{5, 0, f32({1})});
+  expect_error(cluster.next(0), 0, ps::ErrorCode::invalid_argument, {"dropped a pull_reply"});
+  cluster.send(0, goodbye(0));
+  server.finish(soon());
+  CHECK(cluster.quiet(0, 50ms));
+  const ps::ServerStats stats = server.stats();
+  CHECK(stats.updates_dropped == static_cast<int64_t>(whole.size()) + 3);
+  CHECK(stats.updates_applied == 0);
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{0, 0});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sparse updates: only the touched rows of the variable and of its slots change.
+
+namespace {
+
+// Runs `pushes` (sparse, in order, async) on a [5, 3] table and returns the server's piece and the
+// optimizer's state (iterations first, then the slots), read after finish().
+struct SparseRun {
+  std::vector<double> table;
+  std::vector<std::vector<double>> state;
+  std::vector<std::string> state_names;
+};
+SparseRun run_sparse(std::function<std::unique_ptr<fl::optim::Optimizer>()> optimizer,
+                     const std::vector<double>& initial, const std::vector<ps::PushEntry>& pushes) {
+  Workers cluster(1, 1);
+  ps::ShardServer server(config(1, fl::TrainingMode::async, std::move(optimizer)), place(1, {{{5, 3}, fl::f32}}),
+                         cluster.transport());
+  server.seed({f32(initial, {5, 3})});
+  server.start();
+  int64_t version = 0;
+  for (const ps::PushEntry& entry : pushes) {
+    cluster.send(0, push(0, version + 1, version, {entry}));
+    ++version;
+  }
+  cluster.send(0, goodbye(0));
+  server.finish(soon());
+  SparseRun run;
+  run.table = values(server.piece_values()[0]);
+  for (const fl::Variable& v : server.optimizer(0)->variables()) {
+    run.state.push_back(values(v.value()));
+    run.state_names.push_back(v.name());
+  }
+  CHECK(server.stats().updates_applied == static_cast<int64_t>(pushes.size()));
+  return run;
+}
+
+const std::vector<double> kTable = {0.5, -1, 2, 1.5, 0.25, -3, 4, 1, -0.5, 2.5, -2, 0.75, 3, 3.5, -1.25};
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[i] == doctest::Approx(want[i]).epsilon(tol));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sparse SGD with momentum: only touched rows and their velocity change (host arithmetic)") {
+  const std::vector<ps::PushEntry> pushes = {sparse(0, {3, 0}, f32({1, 2, 3, 4, 5, 6}, {2, 3})),
+                                             sparse(0, {0, 1}, f32({1, 1, 1, 2, 2, 2}, {2, 3}))};
+  const SparseRun run = run_sparse(sgd(0.1, 0.9), kTable, pushes);
+  // Host: velocity per row, only for the rows a push names.
+  std::vector<double> w = kTable, velocity(15, 0);
+  auto step = [&](int64_t row, const std::vector<double>& g) {
+    for (int c = 0; c < 3; ++c) {
+      double& v = velocity[static_cast<size_t>(row * 3 + c)];
+      v = 0.9 * v + g[static_cast<size_t>(c)];
+      w[static_cast<size_t>(row * 3 + c)] -= 0.1 * v;
+    }
+  };
+  step(3, {1, 2, 3});
+  step(0, {4, 5, 6});
+  step(0, {1, 1, 1});
+  step(1, {2, 2, 2});
+  check_close(run.table, w, 1e-6);
+  for (int c = 0; c < 3; ++c) {  // rows 2 and 4 bit for bit
+    CHECK(run.table[6 + c] == kTable[6 + c]);
+    CHECK(run.table[12 + c] == kTable[12 + c]);
+  }
+  REQUIRE(run.state.size() == 2);  // the counter and the one velocity slot: no stand-in left behind
+  CHECK(run.state[0] == std::vector<double>{2});
+  CHECK(run.state_names[1] == "sgd/v0/momentum");
+  check_close(run.state[1], velocity, 1e-6);
+}
+
+TEST_CASE("sparse Adam: touched rows and their moments follow Adam's formulas; the rest stays") {
+  const std::vector<ps::PushEntry> pushes = {sparse(0, {3, 0}, f32({1, 2, 3, 4, 5, 6}, {2, 3})),
+                                             sparse(0, {0, 1}, f32({1, -1, 1, 2, 2, -2}, {2, 3}))};
+  const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-7;
+  const SparseRun run = run_sparse([=] { return std::make_unique<fl::optim::Adam>(lr, b1, b2, eps); }, kTable, pushes);
+  std::vector<double> w = kTable, m(15, 0), v(15, 0);
+  auto step = [&](int t, int64_t row, const std::vector<double>& g) {
+    const double corrected = lr * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
+    for (int c = 0; c < 3; ++c) {
+      const auto i = static_cast<size_t>(row * 3 + c);
+      m[i] = b1 * m[i] + (1 - b1) * g[static_cast<size_t>(c)];
+      v[i] = b2 * v[i] + (1 - b2) * g[static_cast<size_t>(c)] * g[static_cast<size_t>(c)];
+      w[i] -= corrected * m[i] / (std::sqrt(v[i]) + eps);
+    }
+  };
+  step(1, 3, {1, 2, 3});
+  step(1, 0, {4, 5, 6});
+  step(2, 0, {1, -1, 1});
+  step(2, 1, {2, 2, -2});
+  check_close(run.table, w, 1e-5);
+  for (int c = 0; c < 3; ++c) {
+    CHECK(run.table[6 + c] == kTable[6 + c]);
+    CHECK(run.table[12 + c] == kTable[12 + c]);
+  }
+  REQUIRE(run.state.size() == 3);
+  CHECK(run.state[0] == std::vector<double>{2});
+  check_close(run.state[1], m, 1e-5);
+  check_close(run.state[2], v, 1e-5);
+  CHECK(run.state[1][6] == 0);  // row 2's moments were never touched
+  CHECK(run.state[2][14] == 0);
+}
+
+TEST_CASE("sparse Adam over every row equals dense Adam on the same gradient") {
+  const fl::Tensor grad_rows = f32({1, 2, 3, 4, 5, 6, -1, -2, -3, 0.5, 0.5, 0.5, 2, 0, -2}, {5, 3});
+  // Rows in another order: [4, 2, 0, 1, 3] takes grad rows in that order.
+  const std::vector<int64_t> order = {4, 2, 0, 1, 3};
+  const fl::Tensor permuted = fl::gather(grad_rows, fl::tensor(order, fl::Shape{5}));
+  const SparseRun run = run_sparse([] { return std::make_unique<fl::optim::Adam>(0.01); }, kTable,
+                                   {sparse(0, order, permuted), sparse(0, order, permuted)});
+  fl::Variable dense_var(f32(kTable, {5, 3}), "v0");
+  fl::optim::Adam dense_adam(0.01);
+  dense_adam.apply({grad_rows}, {dense_var});
+  dense_adam.apply({grad_rows}, {dense_var});
+  check_close(run.table, values(dense_var.value()), 1e-6);
+}
+
+TEST_CASE("sparse updates with a user optimizer whose slot is made on first use") {
+  // Accumulates gradients in a slot that slot_names() does not list: update() makes it lazily.
+  class Accumulate : public fl::optim::Optimizer {
+   public:
+    Accumulate() : Optimizer("accumulate") {}
+
+   protected:
+    void update(fl::Variable& var, const fl::Tensor& grad) override {
+      fl::Variable& sum = slot(var, "sum");
+      sum.assign(sum.value() + grad);
+      var.assign_sub(sum.value());
+    }
+  };
+  const SparseRun run =
+      run_sparse([] { return std::make_unique<Accumulate>(); }, std::vector<double>(15, 0),
+                 {sparse(0, {1}, f32({1, 2, 3}, {1, 3})), sparse(0, {1, 4}, f32({1, 1, 1, 5, 5, 5}, {2, 3}))});
+  // Row 1: sum 1,2,3 then 2,3,4: w = -(1+2), -(2+3), -(3+4); row 4: sum 5: w = -5.
+  CHECK(run.table == std::vector<double>{0, 0, 0, -3, -5, -7, 0, 0, 0, 0, 0, 0, -5, -5, -5});
+  REQUIRE(run.state.size() == 2);
+  CHECK(run.state_names[1] == "accumulate/v0/sum");
+  CHECK(run.state[1] == std::vector<double>{0, 0, 0, 2, 3, 4, 0, 0, 0, 0, 0, 0, 5, 5, 5});
+}
+
+TEST_CASE("write_rows writes in place when the buffer is private and copies when a reader holds it") {
+  fl::Variable table(f32({0, 0, 0, 0, 0, 0}, {3, 2}), "t");
+  const void* before = table.value().raw_data();
+  fl::detail::write_rows(table, fl::tensor(std::vector<int64_t>{2, 0}, fl::Shape{2}), f32({5, 6, 1, 2}, {2, 2}));
+  CHECK(table.value().raw_data() == before);  // in place
+  CHECK(values(table.value()) == std::vector<double>{1, 2, 0, 0, 5, 6});
+  const fl::Tensor held = table.value();
+  fl::detail::write_rows(table, fl::tensor(std::vector<int64_t>{1}, fl::Shape{1}), f32({7, 7}, {1, 2}));
+  CHECK(values(held) == std::vector<double>{1, 2, 0, 0, 5, 6});  // the reader keeps its values
+  CHECK(values(table.value()) == std::vector<double>{1, 2, 7, 7, 5, 6});
+  test::check_throws<fl::OutOfRange>(
+      [&] { fl::detail::write_rows(table, fl::tensor(std::vector<int64_t>{3}, fl::Shape{1}), f32({1, 1}, {1, 2})); },
+      {"write_rows", "row 3", "[0, 3)"});
+  test::check_throws<fl::ShapeError>(
+      [&] { fl::detail::write_rows(table, fl::tensor(std::vector<int64_t>{0}, fl::Shape{1}), f32({1, 1, 1}, {1, 3})); },
+      {"write_rows", "[1, 2]"});
+  CHECK(values(table.value()) == std::vector<double>{1, 2, 7, 7, 5, 6});
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("a variable split by rows over two servers: each holds, serves and updates its rows") {
+  Workers cluster(2, 1);
+  // v0 [5, 2] split: server 0 rows [0, 3), server 1 rows [3, 5); v1 [2] whole on server 0.
+  const auto placements = place(2, {{{5, 2}, fl::f32}, {{2}, fl::f32}}, /*min_bytes_to_split=*/16);
+  REQUIRE(placements[0].pieces.size() == 2);
+  REQUIRE(placements[1].pieces.size() == 1);
+  ps::ShardServer s0(config(1, fl::TrainingMode::async, sgd(1.0), 0, 2), placements, cluster.transport());
+  ps::ShardServer s1(config(1, fl::TrainingMode::async, sgd(1.0), 1, 2), placements, cluster.transport());
+  const fl::Tensor table = f32({0, 1, 10, 11, 20, 21, 30, 31, 40, 41}, {5, 2});
+  s0.seed({table, f32({7, 8})});
+  s1.seed({table, f32({7, 8})});
+  s0.start();
+  s1.start();
+
+  cluster.send(0, pull(1, 0, 0, 0), 0);
+  CHECK(values(cluster.next_as<ps::PullReply>(0).value) == std::vector<double>{0, 1, 10, 11, 20, 21});
+  cluster.send(0, pull(2, 0, 0, 0), 1);
+  CHECK(values(cluster.next_as<ps::PullReply>(0).value) == std::vector<double>{30, 31, 40, 41});
+  cluster.send(0, sparse_pull(3, 0, 0, {1, 0, 1}), 1);  // local rows: global 4, 3, 4
+  auto rows = cluster.next_as<ps::PullReply>(0);
+  CHECK(rows.value.shape() == fl::Shape{3, 2});
+  CHECK(values(rows.value) == std::vector<double>{40, 41, 30, 31, 40, 41});
+  cluster.send(0, pull(4, 0, 0, 1), 1);  // v1 lives on server 0 only
+  expect_error(cluster.next(0), 4, ps::ErrorCode::invalid_argument, {"parameter server 1", "variable 1 is not held"});
+
+  cluster.send(0, push(0, 1, 0, {dense(0, f32({1, 1, 1, 1, 1, 1}, {3, 2})), dense(1, f32({1, 2}))}), 0);
+  cluster.send(0, push(0, 1, 0, {sparse(0, {1}, f32({5, 5}, {1, 2}))}), 1);
+  cluster.send(0, goodbye(0), 0);
+  cluster.send(0, goodbye(0), 1);
+  s0.finish(soon());
+  s1.finish(soon());
+  const auto p0 = s0.piece_values();
+  const auto p1 = s1.piece_values();
+  CHECK(values(p0[0]) == std::vector<double>{-1, 0, 9, 10, 19, 20});
+  CHECK(values(p0[1]) == std::vector<double>{6, 6});
+  CHECK(values(p1[0]) == std::vector<double>{30, 31, 35, 36});
+  CHECK_FALSE(p1[1].defined());
+  CHECK(s1.optimizer(1) == nullptr);
+  CHECK(s0.stats().updates_applied == 1);
+  CHECK(s1.stats().updates_applied == 1);
+}
+
+TEST_CASE("seeding again keeps each piece's optimizer and slots; counters restart, the version goes on") {
+  Workers cluster(1, 1);
+  ps::ShardServer server(config(1, fl::TrainingMode::async, sgd(1.0, 0.5)), place(1, {{{2}, fl::f32}}),
+                         cluster.transport());
+  server.seed({f32({0, 0})});
+  const fl::optim::Optimizer* optimizer = server.optimizer(0);
+  REQUIRE(optimizer != nullptr);
+  server.start();
+  cluster.send(0, push(0, 1, 0, {dense(0, f32({2, 4}))}));  // velocity 2, 4
+  cluster.send(0, goodbye(0));
+  server.finish(soon());
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{-2, -4});
+  test::check_throws<fl::InvalidArgument>([&] { server.start(); }, {"ShardServer::start", "seed"});
+
+  server.seed({f32({10, 10})});
+  CHECK(server.optimizer(0) == optimizer);
+  CHECK(server.stats().updates_applied == 0);
+  CHECK(server.stats().version == 1);
+  server.start();
+  cluster.send(0, push(0, 1, 1, {dense(0, f32({2, 2}))}));  // velocity 0.5 * (2, 4) + (2, 2) = (3, 4)
+  cluster.send(0, goodbye(0));
+  server.finish(soon());
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{7, 6});
+  CHECK(server.stats().updates_applied == 1);
+  CHECK(server.stats().version == 2);
+  CHECK(histogram_head(server.stats(), 1) == std::vector<int64_t>{1});
+  CHECK(optimizer->iterations().value().item<int64_t>() == 2);
+}
+
+TEST_CASE("finish(): a deadline error names the workers that did not say goodbye") {
+  Workers cluster(1, 3);
+  ps::ShardServer server(config(3, fl::TrainingMode::async, sgd(1.0)), place(1, {{{2}, fl::f32}}),
+                         cluster.transport());
+  server.seed({f32({0, 0})});
+  server.start();
+  cluster.send(1, goodbye(1));
+  const auto began = Clock::now();
+  test::check_throws<fl::DeadlineExceeded>([&] { server.finish(soon(0.1s)); },
+                                           {"ShardServer::finish", "parameter server 0 (async)",
+                                            "workers 0, 2 did not say goodbye"});
+  CHECK(std::chrono::duration<double>(Clock::now() - began).count() < 2.0);
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{0, 0});
+  // Finished: messages now are dropped by the transport, and finishing again does nothing.
+  cluster.send(0, pull(1, 0, 0, 0));
+  CHECK(cluster.quiet(0, 100ms));
+  server.finish(soon());
+}
+
+TEST_CASE("an optimizer that throws: the push is dropped and answered, finish() rethrows the error") {
+  class Broken : public fl::optim::Optimizer {
+   public:
+    Broken() : Optimizer("broken") {}
+
+   protected:
+    void update(fl::Variable&, const fl::Tensor&) override { throw fl::OutOfRange("broken: update refused"); }
+  };
+  Workers cluster(1, 1);
+  ps::ShardServer server(config(1, fl::TrainingMode::async, [] { return std::make_unique<Broken>(); }),
+                         place(1, {{{2}, fl::f32}}), cluster.transport());
+  server.seed({f32({1, 1})});
+  server.start();
+  cluster.send(0, push(0, 1, 0, {dense(0, f32({1, 1}))}));
+  expect_error(cluster.next(0), 0, ps::ErrorCode::internal, {"applying a push failed", "broken: update refused"});
+  cluster.send(0, goodbye(0));
+  test::check_throws<fl::OutOfRange>([&] { server.finish(soon()); }, {"broken: update refused"});
+  CHECK(server.stats().updates_dropped == 1);
+  CHECK(server.stats().updates_applied == 0);
+  CHECK(server.stats().version == 0);
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{1, 1});
+}
+
+TEST_CASE("configuration and seeding errors") {
+  Workers cluster(1, 2);
+  const auto placements = place(1, {{{2, 2}, fl::f32}});
+  auto make = [&](ps::ServerConfig c) { ps::ShardServer server(std::move(c), placements, cluster.transport()); };
+  test::check_throws<fl::InvalidArgument>([&] { make(config(0, fl::TrainingMode::async, sgd(1))); },
+                                          {"ShardServer", "num_workers"});
+  test::check_throws<fl::InvalidArgument>([&] { make(config(2, fl::TrainingMode::async, sgd(1), 1, 1)); },
+                                          {"ShardServer", "server 1 of 1"});
+  test::check_throws<fl::InvalidArgument>([&] { make(config(2, fl::TrainingMode::async, nullptr)); },
+                                          {"ShardServer", "make_optimizer"});
+  test::check_throws<fl::InvalidArgument>([&] { make(config(5, fl::TrainingMode::async, sgd(1))); },
+                                          {"ShardServer", "3 endpoints", "need 6"});
+  auto backups = config(2, fl::TrainingMode::sync, sgd(1));
+  backups.backup_workers = 2;
+  test::check_throws<fl::InvalidArgument>([&] { make(backups); }, {"backup_workers", "got 2 with 2 workers"});
+  auto stale = config(2, fl::TrainingMode::bounded_staleness, sgd(1));
+  stale.staleness = -1;
+  test::check_throws<fl::InvalidArgument>([&] { make(stale); }, {"staleness", "-1"});
+
+  ps::ShardServer server(config(2, fl::TrainingMode::async, sgd(1)), placements, cluster.transport());
+  test::check_throws<fl::InvalidArgument>([&] { server.start(); }, {"not seeded"});
+  test::check_throws<fl::InvalidArgument>([&] { server.seed({}); }, {"ShardServer::seed", "got 0 values for 1"});
+  test::check_throws<fl::ShapeError>([&] { server.seed({fl::zeros({3, 2})}); }, {"'v0'", "[2, 2]", "[3, 2]"});
+  test::check_throws<fl::DTypeError>([&] { server.seed({fl::zeros({2, 2}, fl::f64)}); }, {"'v0'", "f32", "f64"});
+  CHECK(server.optimizer(0) == nullptr);  // a failed seed made nothing
+  server.seed({fl::zeros({2, 2})});
+  server.start();
+  test::check_throws<fl::InvalidArgument>([&] { server.seed({fl::zeros({2, 2})}); }, {"is running"});
+  test::check_throws<fl::InvalidArgument>([&] { server.start(); }, {"already running"});
+  test::check_throws<fl::InvalidArgument>([&] { (void)server.piece_values(); }, {"after finish()"});
+  cluster.send(0, goodbye(0));
+  cluster.send(1, goodbye(1));
+  server.finish(soon());
+}
