@@ -653,6 +653,52 @@ TEST_CASE("write_rows writes in place when the buffer is private and copies when
   CHECK(values(table.value()) == std::vector<double>{1, 2, 7, 7, 5, 6});
 }
 
+TEST_CASE("a sparse push on a large table costs its rows, not the table: written in place, small peak memory; "
+          "a sparse pull moves only its rows") {
+  const int64_t rows = 100000, width = 64, n = 512;
+  const int64_t table_bytes = rows * width * 4;
+  Workers cluster(1, 1);
+  ps::ShardServer server(config(1, fl::TrainingMode::async, [] { return std::make_unique<fl::optim::Adam>(0.01); }),
+                         place(1, {{{rows, width}, fl::f32}}), cluster.transport());
+  server.seed({fl::zeros({rows, width})});
+  const void* buffer = server.piece_values()[0].raw_data();
+  server.start();
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (i * 7919) % rows;  // distinct, spread out
+  const fl::Tensor grad = fl::ones({n, width});
+  // The first push makes Adam's two slots (whole tables, once); the second is the steady state.
+  cluster.send(0, push(0, 1, 0, {sparse(0, ids, grad)}));
+  cluster.send(0, sparse_pull(1, 0, 0, ids));
+  const auto first = cluster.next_as<ps::PullReply>(0);
+  const fl::Device cpu("cpu:0");
+  const int64_t in_use = fl::memory_stats(cpu).bytes_in_use;
+  fl::reset_peak_memory_stats(cpu);
+  cluster.send(0, push(0, 2, 1, {sparse(0, ids, grad)}));
+  cluster.send(0, sparse_pull(2, 0, 0, ids));
+  const auto second = cluster.next_as<ps::PullReply>(0);
+  const int64_t peak = fl::memory_stats(cpu).peak_bytes_in_use - in_use;
+  CHECK_MESSAGE(peak < table_bytes / 4, "a sparse step raised the peak by " << peak << " bytes");
+  CHECK(second.value.shape() == fl::Shape{n, width});
+  cluster.send(0, goodbye(0));
+  server.finish(soon());
+
+  const fl::Tensor table = server.piece_values()[0];
+  CHECK(table.raw_data() == buffer);  // never replaced by a copy
+  // Two Adam steps with g = 1 on the touched rows: each moves by lr * m_hat / (sqrt(v_hat) + eps),
+  // which is lr to within eps / sqrt(v) ~ 3e-6 of it.
+  const float* w = table.data<float>();
+  const double expected = -2 * 0.01;
+  CHECK(w[ids[5] * width + 3] == doctest::Approx(expected).epsilon(1e-4));
+  CHECK(test::values(second.value)[7] == doctest::Approx(expected).epsilon(1e-4));
+  int64_t untouched = 0;
+  for (int64_t i = 0; i < rows * width; ++i) untouched += w[i] == 0.0f ? 1 : 0;
+  CHECK(untouched == (rows - n) * width);
+  // Bytes: two replies of n rows each (plus a small header), nothing of the table.
+  const fl::ServerStats stats = server.stats();
+  CHECK(stats.bytes_sent == static_cast<int64_t>(ps::encode(first).size() + ps::encode(second).size()));
+  CHECK(stats.bytes_sent < 2 * (n * width * 4 + 128));
+}
+
 // ---------------------------------------------------------------------------------------------
 
 TEST_CASE("a variable split by rows over two servers: each holds, serves and updates its rows") {
