@@ -28,78 +28,9 @@ namespace ps = fl::detail::ps;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// ---------------------------------------------------------------------------------------------
-// The transport under test: the wire part's in-process one when merged, else this stand-in with
-// the same contract at message_delay 0 (the handler runs inside send(), one call at a time per
-// endpoint; pending messages wait for attach; counters per endpoint).
-
-class FakeTransport final : public ps::Transport {
- public:
-  explicit FakeTransport(int endpoints) : Transport(endpoints), slots_(static_cast<size_t>(endpoints)) {}
-
-  bool hosts(int endpoint) const override { return endpoint >= 0 && endpoint < endpoints(); }
-
-  void attach(int endpoint, Handler handler) override {
-    Slot& slot = at(endpoint);
-    std::lock_guard lock(slot.delivering);
-    if (slot.handler) throw fl::InvalidArgument("FakeTransport::attach: endpoint already attached");
-    slot.handler = std::move(handler);
-    slot.detached = false;
-    for (auto& [from, bytes] : slot.pending) slot.handler(from, std::move(bytes));
-    slot.pending.clear();
-  }
-  void detach(int endpoint) override {
-    Slot& slot = at(endpoint);
-    std::lock_guard lock(slot.delivering);
-    slot.handler = nullptr;
-    slot.detached = true;
-  }
-  void send(int from, int to, ps::Bytes message) override {
-    at(from);
-    Slot& slot = at(to);
-    {
-      std::lock_guard lock(counters_mutex_);
-      auto& sender = slots_[static_cast<size_t>(from)].counters;
-      sender.messages_sent += 1;
-      sender.bytes_sent += static_cast<int64_t>(message.size());
-      slot.counters.messages_received += 1;
-      slot.counters.bytes_received += static_cast<int64_t>(message.size());
-    }
-    std::lock_guard lock(slot.delivering);
-    if (slot.detached) return;
-    if (!slot.handler) {
-      slot.pending.emplace_back(from, std::move(message));
-      return;
-    }
-    slot.handler(from, std::move(message));
-  }
-  ps::TransportCounters counters(int endpoint) const override {
-    std::lock_guard lock(counters_mutex_);
-    return slots_[static_cast<size_t>(endpoint)].counters;
-  }
-  void reset_counters() override {
-    std::lock_guard lock(counters_mutex_);
-    for (Slot& slot : slots_) slot.counters = {};
-  }
-  std::string describe() const override { return "fake transport"; }
-
- private:
-  struct Slot {
-    std::mutex delivering;
-    Handler handler;
-    bool detached = false;
-    std::vector<std::pair<int, ps::Bytes>> pending;
-    ps::TransportCounters counters;
-  };
-  Slot& at(int endpoint) {
-    if (!hosts(endpoint)) throw fl::InvalidArgument("FakeTransport: endpoint out of range");
-    return slots_[static_cast<size_t>(endpoint)];
-  }
-  mutable std::mutex counters_mutex_;
-  std::vector<Slot> slots_;
-};
-
-std::unique_ptr<ps::Transport> make_transport(int endpoints) { return std::make_unique<FakeTransport>(endpoints); }
+// The transport under test: the wire part's in-process one (the handler runs inside send(), one
+// call at a time per endpoint).
+std::unique_ptr<ps::Transport> make_transport(int endpoints) { return ps::make_in_memory_transport(endpoints); }
 
 // ---------------------------------------------------------------------------------------------
 // A cluster of test workers: endpoint num_servers + w collects what servers send to worker w.
@@ -215,7 +146,7 @@ std::vector<ps::VariablePlacement> place(int servers, const std::vector<std::pai
   ps::Placer placer(servers, fl::ShardingPolicy{min_bytes_to_split, 0});
   std::vector<ps::VariablePlacement> placements;
   for (size_t i = 0; i < vars.size(); ++i) {
-    placements.push_back(placer.place(static_cast<int32_t>(i), "v" + std::to_string(i), vars[i].first, vars[i].second));
+    placements.push_back(placer.place(static_cast<int32_t>(i), fmt::format("v{}", i), vars[i].first, vars[i].second));
   }
   return placements;
 }
@@ -238,7 +169,7 @@ void expect_error(const ps::Message& message, uint64_t request_id, ps::ErrorCode
   }
 }
 
-std::vector<int64_t> histogram_head(const ps::ServerStats& stats, size_t n) {
+std::vector<int64_t> histogram_head(const fl::ServerStats& stats, size_t n) {
   REQUIRE(stats.staleness_histogram.size() == 64);
   return std::vector<int64_t>(stats.staleness_histogram.begin(), stats.staleness_histogram.begin() + n);
 }
@@ -274,7 +205,7 @@ TEST_CASE("async: every push applied at once; staleness = version - read version
   sent += cluster.send(1, goodbye(1));
   server.finish(soon());
 
-  const ps::ServerStats stats = server.stats();
+  const fl::ServerStats stats = server.stats();
   CHECK(stats.server == 0);
   CHECK(stats.version == 3);
   CHECK(stats.updates_applied == 3);
@@ -338,7 +269,7 @@ TEST_CASE("sync, 3 workers + 1 backup: first 3 pushes make the step; late and du
   cluster.send(0, goodbye(0));
   cluster.send(1, goodbye(1));
   server.finish(soon());
-  const ps::ServerStats stats = server.stats();
+  const fl::ServerStats stats = server.stats();
   CHECK(stats.version == 3);
   CHECK(stats.steps == 3);
   CHECK(stats.updates_applied == 8);  // 3 + 3 + 2 pushes went into steps
@@ -349,21 +280,35 @@ TEST_CASE("sync, 3 workers + 1 backup: first 3 pushes make the step; late and du
   CHECK(server.optimizer(0)->iterations().value().item<int64_t>() == 3);  // one apply per step
 }
 
-TEST_CASE("sync: sparse gradients of a step are concatenated, repeated rows summed, divided by the pushes") {
-  Workers cluster(1, 2);
-  ps::ShardServer server(config(2, fl::TrainingMode::sync, sgd(1.0)), place(1, {{{4, 2}, fl::f32}}),
+TEST_CASE("sync: sparse gradients of a step are concatenated, repeated rows summed, divided by the pushes; "
+          "dense ones averaged over the pushes that carried them") {
+  Workers cluster(1, 3);
+  ps::ShardServer server(config(3, fl::TrainingMode::sync, sgd(1.0)), place(1, {{{4, 2}, fl::f32}, {{2}, fl::f32}}),
                          cluster.transport());
-  server.seed({fl::zeros({4, 2})});
+  server.seed({fl::zeros({4, 2}), fl::zeros({2})});
   server.start();
-  cluster.send(0, push(0, 1, 0, {sparse(0, {0, 2}, f32({2, 2, 4, 4}, {2, 2}))}));
-  cluster.send(1, push(1, 1, 0, {sparse(0, {2, 3}, f32({2, 0, 6, 6}, {2, 2}))}));
-  cluster.send(0, goodbye(0));
-  cluster.send(1, goodbye(1));
+  // Step 0: worker 2 pushes no gradient at all (its step still counts).
+  cluster.send(0, push(0, 1, 0, {sparse(0, {0, 2}, f32({3, 3, 6, 6}, {2, 2})), dense(1, f32({2, 4}))}));
+  cluster.send(1, push(1, 1, 0, {sparse(0, {2, 3}, f32({3, 0, 9, 9}, {2, 2})), dense(1, f32({4, 8}))}));
+  cluster.send(2, push(2, 1, 0, {}));
+  cluster.send(0, pull(1, 0, 1, 0, 1));
+  // Rows over the 3 pushes: row 0: 3/3; row 2: (6 + 3)/3, (6 + 0)/3; row 3: 9/3; row 1 untouched.
+  CHECK(values(cluster.next_as<ps::PullReply>(0).value) == std::vector<double>{-1, -1, 0, 0, -3, -2, -3, -3});
+  cluster.send(0, pull(2, 0, 1, 1, 1));
+  CHECK(values(cluster.next_as<ps::PullReply>(0).value) == std::vector<double>{-3, -6});  // mean of 2 carriers
+
+  // Step 1: a dense and a sparse entry for one variable: the sparse one made dense, mean of the two.
+  cluster.send(0, push(0, 2, 1, {dense(0, fl::full({4, 2}, 3.0))}));
+  cluster.send(1, push(1, 2, 1, {sparse(0, {1}, f32({6, 6}, {1, 2}))}));
+  cluster.send(2, push(2, 2, 1, {}));
+  for (int w = 0; w < 3; ++w) cluster.send(w, goodbye(w));
   server.finish(soon());
-  // Row 0: 2/2; row 2: (4 + 2)/2, (4 + 0)/2; row 3: 6/2; row 1 untouched.
-  CHECK(values(server.piece_values()[0]) == std::vector<double>{-1, -1, 0, 0, -3, -2, -3, -3});
-  CHECK(server.stats().updates_applied == 2);
-  CHECK(server.stats().steps == 1);
+  // Minus 3/2 everywhere, and (3 + 6)/2 on row 1.
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{-2.5, -2.5, -4.5, -4.5, -4.5, -3.5, -4.5, -4.5});
+  CHECK(values(server.piece_values()[1]) == std::vector<double>{-3, -6});
+  CHECK(server.stats().updates_applied == 6);
+  CHECK(server.stats().steps == 2);
+  CHECK(server.optimizer(1)->iterations().value().item<int64_t>() == 1);  // v1 had gradients in step 0 only
 }
 
 TEST_CASE("bounded staleness k = 1: a worker 2 steps ahead waits for the slowest; staleness <= k") {
@@ -400,7 +345,7 @@ TEST_CASE("bounded staleness k = 1: a worker 2 steps ahead waits for the slowest
   cluster.send(1, goodbye(1));
   cluster.send(0, goodbye(0));
   server.finish(soon());
-  const ps::ServerStats stats = server.stats();
+  const fl::ServerStats stats = server.stats();
   CHECK(stats.updates_applied == 5);
   CHECK(stats.steps == 5);
   CHECK(stats.updates_dropped == 0);
@@ -538,7 +483,7 @@ TEST_CASE("malformed bytes are dropped, counted and answered; from a server endp
   cluster.send(0, goodbye(0));
   server.finish(soon());
   CHECK(cluster.quiet(0, 50ms));
-  const ps::ServerStats stats = server.stats();
+  const fl::ServerStats stats = server.stats();
   CHECK(stats.updates_dropped == static_cast<int64_t>(whole.size()) + 3);
   CHECK(stats.updates_applied == 0);
   CHECK(values(server.piece_values()[0]) == std::vector<double>{0, 0});
@@ -706,6 +651,52 @@ TEST_CASE("write_rows writes in place when the buffer is private and copies when
       [&] { fl::detail::write_rows(table, fl::tensor(std::vector<int64_t>{0}, fl::Shape{1}), f32({1, 1, 1}, {1, 3})); },
       {"write_rows", "[1, 2]"});
   CHECK(values(table.value()) == std::vector<double>{1, 2, 7, 7, 5, 6});
+}
+
+TEST_CASE("a sparse push on a large table costs its rows, not the table: written in place, small peak memory; "
+          "a sparse pull moves only its rows") {
+  const int64_t rows = 100000, width = 64, n = 512;
+  const int64_t table_bytes = rows * width * 4;
+  Workers cluster(1, 1);
+  ps::ShardServer server(config(1, fl::TrainingMode::async, [] { return std::make_unique<fl::optim::Adam>(0.01); }),
+                         place(1, {{{rows, width}, fl::f32}}), cluster.transport());
+  server.seed({fl::zeros({rows, width})});
+  const void* buffer = server.piece_values()[0].raw_data();
+  server.start();
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (i * 7919) % rows;  // distinct, spread out
+  const fl::Tensor grad = fl::ones({n, width});
+  // The first push makes Adam's two slots (whole tables, once); the second is the steady state.
+  cluster.send(0, push(0, 1, 0, {sparse(0, ids, grad)}));
+  cluster.send(0, sparse_pull(1, 0, 0, ids));
+  const auto first = cluster.next_as<ps::PullReply>(0);
+  const fl::Device cpu("cpu:0");
+  const int64_t in_use = fl::memory_stats(cpu).bytes_in_use;
+  fl::reset_peak_memory_stats(cpu);
+  cluster.send(0, push(0, 2, 1, {sparse(0, ids, grad)}));
+  cluster.send(0, sparse_pull(2, 0, 0, ids));
+  const auto second = cluster.next_as<ps::PullReply>(0);
+  const int64_t peak = fl::memory_stats(cpu).peak_bytes_in_use - in_use;
+  CHECK_MESSAGE(peak < table_bytes / 4, "a sparse step raised the peak by " << peak << " bytes");
+  CHECK(second.value.shape() == fl::Shape{n, width});
+  cluster.send(0, goodbye(0));
+  server.finish(soon());
+
+  const fl::Tensor table = server.piece_values()[0];
+  CHECK(table.raw_data() == buffer);  // never replaced by a copy
+  // Two Adam steps with g = 1 on the touched rows: each moves by lr * m_hat / (sqrt(v_hat) + eps),
+  // which is lr to within eps / sqrt(v) ~ 3e-6 of it.
+  const float* w = table.data<float>();
+  const double expected = -2 * 0.01;
+  CHECK(w[ids[5] * width + 3] == doctest::Approx(expected).epsilon(1e-4));
+  CHECK(test::values(second.value)[7] == doctest::Approx(expected).epsilon(1e-4));
+  int64_t untouched = 0;
+  for (int64_t i = 0; i < rows * width; ++i) untouched += w[i] == 0.0f ? 1 : 0;
+  CHECK(untouched == (rows - n) * width);
+  // Bytes: two replies of n rows each (plus a small header), nothing of the table.
+  const fl::ServerStats stats = server.stats();
+  CHECK(stats.bytes_sent == static_cast<int64_t>(ps::encode(first).size() + ps::encode(second).size()));
+  CHECK(stats.bytes_sent < 2 * (n * width * 4 + 128));
 }
 
 // ---------------------------------------------------------------------------------------------

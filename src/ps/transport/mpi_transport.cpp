@@ -324,13 +324,13 @@ class MpiTransport final : public Transport {
       active = true;
       int count = 0;
       MPI_Get_count(&status, MPI_BYTE, &count);
+      const int source = status.MPI_SOURCE;
+      if (count < static_cast<int>(kTrailerBytes)) {
+        abort_job(fmt::format("ps MPI transport: a frame of {} bytes from process {} (too short for its endpoints)",
+                              count, source));
+      }
       Bytes bytes(static_cast<size_t>(count));
       MPI_Mrecv(bytes.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE);
-      const int source = status.MPI_SOURCE;
-      if (bytes.size() < kTrailerBytes) {
-        abort_job(fmt::format("ps MPI transport: a frame of {} bytes from process {} (too short for its endpoints)",
-                              bytes.size(), source));
-      }
       int32_t trailer[2];
       std::memcpy(trailer, bytes.data() + bytes.size() - kTrailerBytes, kTrailerBytes);
       if (trailer[0] != endpoint_of_[static_cast<size_t>(source)] || trailer[1] != self_) {
