@@ -532,6 +532,8 @@ struct ShardServer::State {
         item.message = decode(bytes);
       } catch (const std::exception& e) {
         item.problem = e.what();
+      } catch (...) {
+        item.problem = "decode threw a non-standard exception";
       }
       {
         std::lock_guard lock(queue_mutex);
