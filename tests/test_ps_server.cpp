@@ -451,6 +451,8 @@ TEST_CASE("bad pushes change nothing, count as dropped and are answered with Err
   expect_error(cluster.next(0), 41, ps::ErrorCode::invalid_argument, {"pull by worker 0: variable 99 is not held"});
   cluster.send(0, sparse_pull(42, 0, 0, {9}));
   expect_error(cluster.next(0), 42, ps::ErrorCode::invalid_argument, {"sparse pull of 'v0'", "row 9 is outside"});
+  cluster.send(0, pull(44, 0, -1, 0));
+  expect_error(cluster.next(0), 44, ps::ErrorCode::invalid_argument, {"clock must be >= 0; got -1"});
   cluster.send(0, sparse_pull(43, 0, 2, {0}));
   CHECK(std::holds_alternative<ps::PullReply>(cluster.next(0)));  // rows of the i64 counter: readable
   // A push after the worker's goodbye.
