@@ -235,6 +235,28 @@ TEST_CASE("async: every push applied at once; staleness = version - read version
   CHECK(server.optimizer(0)->iterations().value().item<int64_t>() == 3);
 }
 
+TEST_CASE("async: staleness of 63 and more lands in the last bucket; max_staleness keeps the real value") {
+  Workers cluster(1, 2);
+  ps::ShardServer server(config(2, fl::TrainingMode::async, sgd(1.0)), place(1, {{{1}, fl::f32}}),
+                         cluster.transport());
+  server.seed({fl::zeros({1})});
+  server.start();
+  for (int i = 0; i < 70; ++i) cluster.send(1, push(1, i + 1, i, {dense(0, f32({1}))}));  // staleness 0 each
+  cluster.send(0, push(0, 1, 0, {dense(0, f32({1}))}));   // read 0 at version 70
+  cluster.send(0, push(0, 2, 8, {dense(0, f32({1}))}));   // read 8 at version 71: 63
+  cluster.send(0, push(0, 3, 71, {dense(0, f32({1}))}));  // read 71 at version 72: 1
+  cluster.send(0, goodbye(0));
+  cluster.send(1, goodbye(1));
+  server.finish(soon());
+  const fl::ServerStats stats = server.stats();
+  CHECK(stats.staleness_histogram[0] == 70);
+  CHECK(stats.staleness_histogram[1] == 1);
+  CHECK(stats.staleness_histogram[63] == 2);
+  CHECK(stats.max_staleness == 70);
+  CHECK(stats.updates_applied == 73);
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{-73});
+}
+
 TEST_CASE("sync, 3 workers + 1 backup: first 3 pushes make the step; late and duplicate pushes dropped; "
           "parked pulls answered; fewer live workers still complete steps") {
   Workers cluster(1, 4);
