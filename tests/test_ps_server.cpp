@@ -780,6 +780,52 @@ TEST_CASE("sparse updates with a user optimizer whose slot is made on first use"
   CHECK(run.state[1] == std::vector<double>{0, 0, 0, 2, 3, 4, 0, 0, 0, 0, 0, 0, 5, 5, 5});
 }
 
+TEST_CASE("apply_sparse: a bad call or an update that throws changes nothing and leaves no stand-in behind") {
+  class Throws : public fl::optim::Optimizer {
+   public:
+    Throws() : Optimizer("throws") {}
+
+   protected:
+    void update(fl::Variable& var, const fl::Tensor& grad) override {
+      slot(var, "lazy");      // a slot made for the stand-in ...
+      var.assign_sub(grad);   // ... and the stand-in changed, before the failure
+      throw fl::OutOfRange("throws: refused");
+    }
+  };
+  Throws optimizer;
+  fl::Variable table(fl::zeros({4, 2}), "t");
+  const fl::Tensor one_row = fl::tensor(std::vector<int64_t>{1}, fl::Shape{1});
+  using fl::detail::OptimizerAccess;
+  test::check_throws<fl::OutOfRange>(
+      [&] { OptimizerAccess::apply_sparse(optimizer, table, one_row, fl::ones({1, 2})); }, {"throws: refused"});
+  CHECK(optimizer.variables().size() == 1);  // the counter only
+  CHECK(optimizer.iterations().value().item<int64_t>() == 0);
+  CHECK(values(table.value()) == std::vector<double>(8, 0.0));
+
+  const std::string op = "OptimizerAccess::apply_sparse";
+  fl::optim::SGD sgd_optimizer(1.0);
+  test::check_op_throws<fl::InvalidArgument>(op, [&] {
+    OptimizerAccess::apply_sparse(sgd_optimizer, table, fl::tensor(std::vector<int64_t>{2, 2}, fl::Shape{2}),
+                                  fl::ones({2, 2}));
+  }, {"rows of 't' repeat"});
+  test::check_op_throws<fl::OutOfRange>(op, [&] {
+    OptimizerAccess::apply_sparse(sgd_optimizer, table, fl::tensor(std::vector<int64_t>{4}, fl::Shape{1}),
+                                  fl::ones({1, 2}));
+  }, {"row 4 of 't' is outside [0, 4)"});
+  test::check_op_throws<fl::ShapeError>(op, [&] {
+    OptimizerAccess::apply_sparse(sgd_optimizer, table, one_row, fl::ones({2, 2}));
+  }, {"must have shape [1, 2]; got [2, 2]"});
+  test::check_op_throws<fl::DTypeError>(op, [&] {
+    OptimizerAccess::apply_sparse(sgd_optimizer, table, one_row, fl::ones({1, 2}, fl::f64));
+  }, {"must be f32; got f64"});
+  fl::Variable scalar(fl::zeros({}), "s");
+  test::check_op_throws<fl::InvalidArgument>(op, [&] {
+    OptimizerAccess::apply_sparse(sgd_optimizer, scalar, one_row, fl::ones({1}));
+  }, {"'s' is a scalar"});
+  CHECK(sgd_optimizer.iterations().value().item<int64_t>() == 0);
+  CHECK(values(table.value()) == std::vector<double>(8, 0.0));
+}
+
 TEST_CASE("write_rows writes in place when the buffer is private and copies when a reader holds it") {
   fl::Variable table(f32({0, 0, 0, 0, 0, 0}, {3, 2}), "t");
   const void* before = table.value().raw_data();
