@@ -10,6 +10,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +65,16 @@ class Workers {
   }
   void send_bytes(int from_endpoint, ps::Bytes bytes, int server = 0) {
     transport_->send(from_endpoint, server, std::move(bytes));
+  }
+
+  // The next message to `worker` within `within`, or nothing (no assertion: for worker threads).
+  std::optional<ps::Message> take(int worker, std::chrono::duration<double> within = 10s) {
+    Inbox& inbox = inboxes_[static_cast<size_t>(worker)];
+    std::unique_lock lock(inbox.mutex);
+    if (!inbox.ready.wait_for(lock, within, [&] { return !inbox.messages.empty(); })) return std::nullopt;
+    ps::Message message = std::move(inbox.messages.front());
+    inbox.messages.pop_front();
+    return message;
   }
 
   // The next message to `worker`, waiting up to `within`; fails the test when none comes.
@@ -221,6 +233,28 @@ TEST_CASE("async: every push applied at once; staleness = version - read version
   CHECK(values(server.piece_values()[0]) == std::vector<double>{6.5, 18, 27.5});
   REQUIRE(server.optimizer(0) != nullptr);
   CHECK(server.optimizer(0)->iterations().value().item<int64_t>() == 3);
+}
+
+TEST_CASE("async: staleness of 63 and more lands in the last bucket; max_staleness keeps the real value") {
+  Workers cluster(1, 2);
+  ps::ShardServer server(config(2, fl::TrainingMode::async, sgd(1.0)), place(1, {{{1}, fl::f32}}),
+                         cluster.transport());
+  server.seed({fl::zeros({1})});
+  server.start();
+  for (int i = 0; i < 70; ++i) cluster.send(1, push(1, i + 1, i, {dense(0, f32({1}))}));  // staleness 0 each
+  cluster.send(0, push(0, 1, 0, {dense(0, f32({1}))}));   // read 0 at version 70
+  cluster.send(0, push(0, 2, 8, {dense(0, f32({1}))}));   // read 8 at version 71: 63
+  cluster.send(0, push(0, 3, 71, {dense(0, f32({1}))}));  // read 71 at version 72: 1
+  cluster.send(0, goodbye(0));
+  cluster.send(1, goodbye(1));
+  server.finish(soon());
+  const fl::ServerStats stats = server.stats();
+  CHECK(stats.staleness_histogram[0] == 70);
+  CHECK(stats.staleness_histogram[1] == 1);
+  CHECK(stats.staleness_histogram[63] == 2);
+  CHECK(stats.max_staleness == 70);
+  CHECK(stats.updates_applied == 73);
+  CHECK(values(server.piece_values()[0]) == std::vector<double>{-73});
 }
 
 TEST_CASE("sync, 3 workers + 1 backup: first 3 pushes make the step; late and duplicate pushes dropped; "
@@ -439,6 +473,8 @@ TEST_CASE("bad pushes change nothing, count as dropped and are answered with Err
   expect_error(cluster.next(0), 41, ps::ErrorCode::invalid_argument, {"pull by worker 0: variable 99 is not held"});
   cluster.send(0, sparse_pull(42, 0, 0, {9}));
   expect_error(cluster.next(0), 42, ps::ErrorCode::invalid_argument, {"sparse pull of 'v0'", "row 9 is outside"});
+  cluster.send(0, pull(44, 0, -1, 0));
+  expect_error(cluster.next(0), 44, ps::ErrorCode::invalid_argument, {"clock must be >= 0; got -1"});
   cluster.send(0, sparse_pull(43, 0, 2, {0}));
   CHECK(std::holds_alternative<ps::PullReply>(cluster.next(0)));  // rows of the i64 counter: readable
   // A push after the worker's goodbye.
@@ -487,6 +523,116 @@ TEST_CASE("malformed bytes are dropped, counted and answered; from a server endp
   CHECK(stats.updates_dropped == static_cast<int64_t>(whole.size()) + 3);
   CHECK(stats.updates_applied == 0);
   CHECK(values(server.piece_values()[0]) == std::vector<double>{0, 0});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers on their own threads, as in a run: exact accounting whatever the interleaving.
+
+namespace {
+
+// Worker w's loop: `steps` times pull (at `clock` steps pushed, waiting for the version after the
+// one it read last in sync), then push a gradient of ones computed "from" the version read.
+// Returns "" or what went wrong (no assertions off the test's thread).
+std::string worker_loop(Workers& cluster, int w, int steps, fl::TrainingMode mode) {
+  int64_t read = 0;
+  for (int step = 0; step < steps; ++step) {
+    const int64_t min_version = mode == fl::TrainingMode::sync && step > 0 ? read + 1 : 0;
+    cluster.send(w, pull(static_cast<uint64_t>(step + 1), w, step, 0, min_version));
+    std::optional<ps::Message> reply = cluster.take(w);
+    if (!reply || !std::holds_alternative<ps::PullReply>(*reply)) {
+      return fmt::format("worker {} step {}: {}", w, step,
+                         !reply ? std::string("no reply")
+                                : std::holds_alternative<ps::ErrorReply>(*reply) ? std::get<ps::ErrorReply>(*reply).message
+                                                                                 : ps::message_name(*reply));
+    }
+    read = std::get<ps::PullReply>(*reply).version;
+    cluster.send(w, push(w, step + 1, read, {dense(0, fl::ones({2}))}));
+  }
+  cluster.send(w, goodbye(w, steps));
+  return {};
+}
+
+// Runs `workers` worker threads of `steps` steps against one server; returns its stats and value.
+std::pair<fl::ServerStats, std::vector<double>> run_threads(ps::ServerConfig c, int steps) {
+  const int workers = c.num_workers;
+  Workers cluster(1, workers);
+  ps::ShardServer server(c, place(1, {{{2}, fl::f32}}), cluster.transport());
+  server.seed({fl::zeros({2})});
+  server.start();
+  std::vector<std::string> errors(static_cast<size_t>(workers));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] { errors[static_cast<size_t>(w)] = worker_loop(cluster, w, steps, c.mode); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::string& error : errors) CHECK_MESSAGE(error.empty(), error);
+  server.finish(soon());
+  return {server.stats(), values(server.piece_values()[0])};
+}
+
+int64_t sum(const std::vector<int64_t>& v) {
+  int64_t total = 0;
+  for (int64_t x : v) total += x;
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("threads, async: every push applied exactly once") {
+  const auto [stats, value] = run_threads(config(4, fl::TrainingMode::async, sgd(1.0)), 50);
+  CHECK(stats.updates_applied == 200);
+  CHECK(stats.updates_dropped == 0);
+  CHECK(stats.version == 200);
+  CHECK(sum(stats.staleness_histogram) == 200);
+  CHECK(value == std::vector<double>{-200, -200});  // lr 1 x 200 gradients of ones
+}
+
+TEST_CASE("threads, sync with a backup: each step moves by one mean; applied + dropped = pushed") {
+  ps::ServerConfig c = config(4, fl::TrainingMode::sync, sgd(1.0));
+  c.backup_workers = 1;
+  const auto [stats, value] = run_threads(c, 30);
+  CHECK(stats.updates_applied + stats.updates_dropped == 120);
+  CHECK(stats.steps >= 30);
+  CHECK(stats.version == stats.steps);
+  CHECK(value == std::vector<double>{-static_cast<double>(stats.steps), -static_cast<double>(stats.steps)});
+  CHECK(stats.staleness_histogram[0] == stats.updates_applied);
+}
+
+TEST_CASE("threads, bounded staleness k = 2: every push applied, none staler than 2") {
+  ps::ServerConfig c = config(3, fl::TrainingMode::bounded_staleness, sgd(1.0));
+  c.staleness = 2;
+  const auto [stats, value] = run_threads(c, 40);
+  CHECK(stats.updates_applied == 120);
+  CHECK(stats.updates_dropped == 0);
+  CHECK(stats.max_staleness <= 2);
+  CHECK(sum(stats.staleness_histogram) == 120);
+  CHECK(value == std::vector<double>{-120, -120});
+}
+
+TEST_CASE("fuzz: 500 pushes with random bytes changed never crash the server, which keeps serving") {
+  Workers cluster(1, 2);
+  ps::ShardServer server(config(2, fl::TrainingMode::async, sgd(1.0)), place(1, {{{4, 2}, fl::f32}}),
+                         cluster.transport());
+  server.seed({fl::zeros({4, 2})});
+  server.start();
+  const ps::Bytes valid = ps::encode(push(0, 1, 0, {sparse(0, {1, 3}, f32({1, 2, 3, 4}, {2, 2}))}));
+  std::mt19937 rng(13);
+  for (int i = 0; i < 500; ++i) {
+    ps::Bytes bytes = valid;
+    const int flips = 1 + static_cast<int>(rng() % 3);
+    for (int f = 0; f < flips; ++f) bytes[rng() % bytes.size()] = static_cast<std::byte>(rng() & 0xff);
+    cluster.send_bytes(cluster.endpoint(0), std::move(bytes));
+  }
+  // Worker 1 is served as before.
+  cluster.send(1, pull(1, 1, 0, 0));
+  CHECK(std::holds_alternative<ps::PullReply>(cluster.next(1)));
+  cluster.send(0, goodbye(0));
+  cluster.send(1, goodbye(1));
+  server.finish(soon());
+  const fl::ServerStats stats = server.stats();
+  CHECK(stats.updates_applied + stats.updates_dropped <= 500);
+  CHECK(stats.updates_dropped > 0);
+  CHECK(stats.messages_received == 503);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -632,6 +778,52 @@ TEST_CASE("sparse updates with a user optimizer whose slot is made on first use"
   REQUIRE(run.state.size() == 2);
   CHECK(run.state_names[1] == "accumulate/v0/sum");
   CHECK(run.state[1] == std::vector<double>{0, 0, 0, 2, 3, 4, 0, 0, 0, 0, 0, 0, 5, 5, 5});
+}
+
+TEST_CASE("apply_sparse: a bad call or an update that throws changes nothing and leaves no stand-in behind") {
+  class Throws : public fl::optim::Optimizer {
+   public:
+    Throws() : Optimizer("throws") {}
+
+   protected:
+    void update(fl::Variable& var, const fl::Tensor& grad) override {
+      slot(var, "lazy");      // a slot made for the stand-in ...
+      var.assign_sub(grad);   // ... and the stand-in changed, before the failure
+      throw fl::OutOfRange("throws: refused");
+    }
+  };
+  Throws optimizer;
+  fl::Variable table(fl::zeros({4, 2}), "t");
+  const fl::Tensor one_row = fl::tensor(std::vector<int64_t>{1}, fl::Shape{1});
+  using fl::detail::OptimizerAccess;
+  test::check_throws<fl::OutOfRange>(
+      [&] { OptimizerAccess::apply_sparse(optimizer, table, one_row, fl::ones({1, 2})); }, {"throws: refused"});
+  CHECK(optimizer.variables().size() == 1);  // the counter only
+  CHECK(optimizer.iterations().value().item<int64_t>() == 0);
+  CHECK(values(table.value()) == std::vector<double>(8, 0.0));
+
+  const std::string op = "OptimizerAccess::apply_sparse";
+  fl::optim::SGD sgd_optimizer(1.0);
+  test::check_op_throws<fl::InvalidArgument>(op, [&] {
+    OptimizerAccess::apply_sparse(sgd_optimizer, table, fl::tensor(std::vector<int64_t>{2, 2}, fl::Shape{2}),
+                                  fl::ones({2, 2}));
+  }, {"rows of 't' repeat"});
+  test::check_op_throws<fl::OutOfRange>(op, [&] {
+    OptimizerAccess::apply_sparse(sgd_optimizer, table, fl::tensor(std::vector<int64_t>{4}, fl::Shape{1}),
+                                  fl::ones({1, 2}));
+  }, {"row 4 of 't' is outside [0, 4)"});
+  test::check_op_throws<fl::ShapeError>(op, [&] {
+    OptimizerAccess::apply_sparse(sgd_optimizer, table, one_row, fl::ones({2, 2}));
+  }, {"must have shape [1, 2]; got [2, 2]"});
+  test::check_op_throws<fl::DTypeError>(op, [&] {
+    OptimizerAccess::apply_sparse(sgd_optimizer, table, one_row, fl::ones({1, 2}, fl::f64));
+  }, {"must be f32; got f64"});
+  fl::Variable scalar(fl::zeros({}), "s");
+  test::check_op_throws<fl::InvalidArgument>(op, [&] {
+    OptimizerAccess::apply_sparse(sgd_optimizer, scalar, one_row, fl::ones({1}));
+  }, {"'s' is a scalar"});
+  CHECK(sgd_optimizer.iterations().value().item<int64_t>() == 0);
+  CHECK(values(table.value()) == std::vector<double>(8, 0.0));
 }
 
 TEST_CASE("write_rows writes in place when the buffer is private and copies when a reader holds it") {

@@ -31,6 +31,12 @@ namespace {
 
 const bool devices_ready = (fl::set_logical_cpu_devices(4), true);
 
+// `t` holds `want` (row-major) with shape `shape`, in its own dtype.
+bool same(const fl::Tensor& t, const std::vector<double>& want, const fl::Shape& shape,
+          std::source_location loc = std::source_location::current()) {
+  return test::check_tensor(t, want, shape, t.dtype(), std::nullopt, loc);
+}
+
 // Distinct values: element i of a table made by table_values(base, n) is base + i.
 fl::Tensor table(const fl::Shape& shape, double base) {
   std::vector<double> v(static_cast<size_t>(shape.numel()));
@@ -45,11 +51,12 @@ class FakeCluster {
   // How a server answers one request: nullopt for the default answer; a message to send instead.
   using Script = std::function<std::optional<ps::Message>(int server, const ps::Message& request)>;
 
-  FakeCluster(int servers, int workers, std::vector<ps::VariablePlacement> placements, std::vector<fl::Tensor> tables)
+  FakeCluster(int servers, int workers, std::vector<ps::VariablePlacement> placements, std::vector<fl::Tensor> tables,
+              double message_delay = 0)
       : servers_(servers),
         placements_(std::move(placements)),
         tables_(std::move(tables)),
-        transport_(ps::make_in_memory_transport(servers + workers)),
+        transport_(ps::make_in_memory_transport(servers + workers, std::chrono::duration<double>(message_delay))),
         got_(static_cast<size_t>(servers)),
         versions_(static_cast<size_t>(servers), 0) {
     (void)devices_ready;
@@ -186,7 +193,7 @@ TEST_CASE("pull: a variable placed whole comes from its one server") {
   client.start();
   const Result r = pull(client, 1);
   REQUIRE_FALSE(r.error);
-  CHECK(test::check_tensor(r.value, {100, 101, 102, 103, 104, 105}, {2, 3}));
+  CHECK(same(r.value, {100, 101, 102, 103, 104, 105}, {2, 3}));
   CHECK(r.value.device() == fl::Device("cpu:0"));
   const auto requests = cluster.received_of<ps::PullRequest>(1);
   REQUIRE(requests.size() == 1);
@@ -212,7 +219,7 @@ TEST_CASE("pull: a row-split variable's pieces are concatenated in row order, on
   REQUIRE_FALSE(r.error);
   std::vector<double> want(20);
   for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<double>(i);
-  CHECK(test::check_tensor(r.value, want, {5, 4}));
+  CHECK(same(r.value, want, {5, 4}));
   CHECK(r.value.device() == fl::Device("cpu:2"));
   CHECK(cluster.received_of<ps::PullRequest>(0).size() == 1);
   CHECK(cluster.received_of<ps::PullRequest>(1).size() == 1);
@@ -235,7 +242,7 @@ TEST_CASE("pull_rows: one message per owning server, rows in the order of the id
   for (int64_t id : ids) {
     for (int64_t c = 0; c < cols; ++c) want.push_back(static_cast<double>(id * cols + c));
   }
-  CHECK(test::check_tensor(r.value, want, {static_cast<int64_t>(ids.size()), cols}));
+  CHECK(same(r.value, want, {static_cast<int64_t>(ids.size()), cols}));
   // One request per server, each with that server's local rows in the order asked.
   const auto to0 = cluster.received_of<ps::SparsePullRequest>(0);
   const auto to1 = cluster.received_of<ps::SparsePullRequest>(1);
@@ -301,23 +308,23 @@ TEST_CASE("push: dense gradients cut to each server's rows, sparse ids made loca
   };
   // Dense rows 0..2 to server 0, 3..5 to server 1.
   REQUIRE(entry(p0[0], 0));
-  CHECK_FALSE(entry(p0[0], 0)->rows.defined() && entry(p0[0], 0)->rows.numel() > 0);
-  CHECK(test::check_tensor(entry(p0[0], 0)->grad, {0, 1, 2, 3, 4, 5}, {3, 2}));
+  CHECK_FALSE(entry(p0[0], 0)->rows.defined());  // dense
+  CHECK(same(entry(p0[0], 0)->grad, {0, 1, 2, 3, 4, 5}, {3, 2}));
   REQUIRE(entry(p1[0], 0));
-  CHECK(test::check_tensor(entry(p1[0], 0)->grad, {6, 7, 8, 9, 10, 11}, {3, 2}));
+  CHECK(same(entry(p1[0], 0)->grad, {6, 7, 8, 9, 10, 11}, {3, 2}));
   // The whole variable to its server only.
   const ps::Push& b_push = b_server == 0 ? p0[0] : p1[0];
   const ps::Push& other = b_server == 0 ? p1[0] : p0[0];
   REQUIRE(entry(b_push, 1));
-  CHECK(test::check_tensor(entry(b_push, 1)->grad, {50, 51}, {2}));
+  CHECK(same(entry(b_push, 1)->grad, {50, 51}, {2}));
   CHECK_FALSE(entry(other, 1));
   // Sparse: emb rows 0..4 on server 0, 5..9 on server 1.
   REQUIRE(entry(p0[0], 2));
   CHECK(entry(p0[0], 2)->rows.to_vector<int64_t>() == std::vector<int64_t>{2});
-  CHECK(test::check_tensor(entry(p0[0], 2)->grad, {102, 103}, {1, 2}));
+  CHECK(same(entry(p0[0], 2)->grad, {102, 103}, {1, 2}));
   REQUIRE(entry(p1[0], 2));
   CHECK(entry(p1[0], 2)->rows.to_vector<int64_t>() == std::vector<int64_t>{2, 4});
-  CHECK(test::check_tensor(entry(p1[0], 2)->grad, {100, 101, 104, 105}, {2, 2}));
+  CHECK(same(entry(p1[0], 2)->grad, {100, 101, 104, 105}, {2, 2}));
 
   // A step with nothing for server 1: its push is still sent, empty, with the next clock.
   client.push(0, {{1, gb, {}}});
@@ -581,7 +588,7 @@ struct Fixture {
   std::unique_ptr<ps::WorkerClient> client;
   ps::WorkerContext context;
 
-  explicit Fixture(const std::vector<std::pair<std::string, fl::Shape>>& shapes) {
+  explicit Fixture(const std::vector<std::pair<std::string, fl::Shape>>& shapes, double message_delay = 0) {
     double base = 1;
     for (const auto& [name, shape] : shapes) {
       locals.emplace_back(fl::zeros(shape), name);
@@ -589,7 +596,7 @@ struct Fixture {
       server_tables.push_back(table(shape, base));
       base += 1000;
     }
-    cluster = std::make_unique<FakeCluster>(2, 1, vars->placements(), server_tables);
+    cluster = std::make_unique<FakeCluster>(2, 1, vars->placements(), server_tables, message_delay);
     client = std::make_unique<ps::WorkerClient>(config(2), vars->placements(), cluster->transport());
     client->start();
     context = ps::WorkerContext{client.get(), &strategy_identity};
@@ -628,18 +635,18 @@ TEST_CASE("ServerVariables: reads under a WorkerScope pull; without one they rea
   std::vector<double> want_w(32), want_b(8);
   for (size_t i = 0; i < 32; ++i) want_w[i] = 1 + static_cast<double>(i);
   for (size_t i = 0; i < 8; ++i) want_b[i] = 1001 + static_cast<double>(i);
-  CHECK(test::check_tensor(f.locals[0].value(), std::vector<double>(32, 0), {4, 8}));
+  CHECK(same(f.locals[0].value(), std::vector<double>(32, 0), {4, 8}));
   {
     ps::WorkerScope scope(&f.context);
-    CHECK(test::check_tensor(f.locals[0].value(), want_w, {4, 8}));
-    CHECK(test::check_tensor(f.locals[1].value(), want_b, {8}));
+    CHECK(same(f.locals[0].value(), want_w, {4, 8}));
+    CHECK(same(f.locals[1].value(), want_b, {8}));
     // Another strategy's worker reads locally.
     const char other = 0;
     ps::WorkerContext foreign{f.client.get(), &other};
     ps::WorkerScope inner(&foreign);
-    CHECK(test::check_tensor(f.locals[1].value(), std::vector<double>(8, 0), {8}));
+    CHECK(same(f.locals[1].value(), std::vector<double>(8, 0), {8}));
   }
-  CHECK(test::check_tensor(f.locals[1].value(), std::vector<double>(8, 0), {8}));
+  CHECK(same(f.locals[1].value(), std::vector<double>(8, 0), {8}));
   CHECK(f.cluster->received_of<ps::PullRequest>(0).size() == 2);  // w's first piece, b
   CHECK(f.cluster->received_of<ps::PullRequest>(1).size() == 1);  // w's second piece
 }
@@ -653,7 +660,7 @@ TEST_CASE("ServerVariables: assign inside a WorkerScope is InvalidArgument, outs
     test::check_throws<fl::InvalidArgument>([&] { f.locals[0].assign_add(fl::ones({2})); }, {"assign_add"});
   }
   f.locals[0].assign(fl::ones({2}));
-  CHECK(test::check_tensor(f.locals[0].value(), {1, 1}, {2}));
+  CHECK(same(f.locals[0].value(), {1, 1}, {2}));
 }
 
 TEST_CASE("ServerVariables: a traced step with two pulls and pushes matches the eager step") {
@@ -672,8 +679,8 @@ TEST_CASE("ServerVariables: a traced step with two pulls and pushes matches the 
   auto traced = fl::trace(step);
   const fl::Tensor first = traced(x);
   const fl::Tensor second = traced(x);
-  CHECK(test::check_tensor(first, test::values(eager), {}));
-  CHECK(test::check_tensor(second, test::values(eager), {}));
+  CHECK(same(first, test::values(eager), {}));
+  CHECK(same(second, test::values(eager), {}));
   const std::vector<std::string> names = op_names(traced.graph(x));
   CHECK(std::count(names.begin(), names.end(), "ps_pull") == 2);
   CHECK(std::count(names.begin(), names.end(), "ps_push") == 2);  // one per server
@@ -687,7 +694,7 @@ TEST_CASE("ServerVariables: a traced step with two pulls and pushes matches the 
   REQUIRE(p1.size() == 3);
   CHECK(p0[2].clock == 3);
   for (size_t e = 0; e < p0[0].entries.size(); ++e) {
-    CHECK(test::check_tensor(p0[2].entries[e].grad, test::values(p0[0].entries[e].grad), p0[0].entries[e].grad.shape()));
+    CHECK(same(p0[2].entries[e].grad, test::values(p0[0].entries[e].grad), p0[0].entries[e].grad.shape()));
   }
   CHECK(f.client->steps() == 3);
 }
@@ -707,7 +714,7 @@ TEST_CASE("ServerVariables: gather with repeated ids pulls unique rows; its grad
   ps::WorkerScope scope(&f.context);
   fl::GradientTape tape;
   const fl::Tensor rows = fl::gather(f.locals[0], ids);
-  CHECK(test::check_tensor(rows, test::values(want_rows), {2, 3, 3}));
+  CHECK(same(rows, test::values(want_rows), {2, 3, 3}));
   const fl::Tensor grad = tape.gradient(fl::sum(rows * weights), {f.locals[0]})[0];
   CHECK(test::shape_text(grad.shape()) == "[6, 3]");  // n rows: 4 unique, then zeros
   // One sparse pull per server with the unique ids (7, 2, 9, 4 -> server 0: 2, 4; server 1: 7, 9).
@@ -720,8 +727,8 @@ TEST_CASE("ServerVariables: gather with repeated ids pulls unique rows; its grad
   // Scattered back through the unique ids, it is the dense gradient.
   const fl::Tensor unique = fl::tensor(std::vector<int64_t>{7, 2, 9, 4}, fl::Shape{4});
   const fl::Tensor scattered = fl::scatter_add(unique, fl::slice(grad, 0, 0, 4), 10);
-  CHECK(test::check_tensor(scattered, test::values(want_grad), {10, 3}));
-  CHECK(test::check_tensor(fl::slice(grad, 0, 4, 2), std::vector<double>(6, 0), {2, 3}));
+  CHECK(same(scattered, test::values(want_grad), {10, 3}));
+  CHECK(same(fl::slice(grad, 0, 4, 2), std::vector<double>(6, 0), {2, 3}));
   // Pushed as (ids, rows) to the owners, local ids.
   f.vars->push(std::vector<fl::Tensor>{grad}, f.locals);
   const auto p0 = f.cluster->received_of<ps::Push>(0);
@@ -733,8 +740,8 @@ TEST_CASE("ServerVariables: gather with repeated ids pulls unique rows; its grad
   CHECK(p0[0].entries[0].rows.to_vector<int64_t>() == std::vector<int64_t>{2, 4});
   CHECK(p1[0].entries[0].rows.to_vector<int64_t>() == std::vector<int64_t>{2, 4});
   const std::vector<double> g = test::values(grad);
-  CHECK(test::check_tensor(p0[0].entries[0].grad, {g[3], g[4], g[5], g[9], g[10], g[11]}, {2, 3}));
-  CHECK(test::check_tensor(p1[0].entries[0].grad, {g[0], g[1], g[2], g[6], g[7], g[8]}, {2, 3}));
+  CHECK(same(p0[0].entries[0].grad, {g[3], g[4], g[5], g[9], g[10], g[11]}, {2, 3}));
+  CHECK(same(p1[0].entries[0].grad, {g[0], g[1], g[2], g[6], g[7], g[8]}, {2, 3}));
   // After the push the variable is dense again: a [6, 3] gradient is the wrong shape now.
   test::check_throws<fl::ShapeError>([&] { f.vars->push(std::vector<fl::Tensor>{grad}, f.locals); },
                                      {"'emb'", "[6, 3]", "[10, 3]"});
@@ -755,18 +762,18 @@ TEST_CASE("ServerVariables: a traced gather step matches the eager one") {
   ps::WorkerScope scope(&f.context);
   const fl::Tensor eager = step(ids);
   auto traced = fl::trace(step);
-  CHECK(test::check_tensor(traced(ids), test::values(eager), {}));
+  CHECK(same(traced(ids), test::values(eager), {}));
   const std::vector<std::string> names = op_names(traced.graph(ids));
   CHECK(std::count(names.begin(), names.end(), "ps_lookup") == 1);
   const auto p1 = f.cluster->received_of<ps::Push>(1);
   REQUIRE(p1.size() == 2);
   REQUIRE(p1[1].entries.size() == 1);
   CHECK(p1[1].entries[0].rows.to_vector<int64_t>() == std::vector<int64_t>{3});  // id 8
-  CHECK(test::check_tensor(p1[1].entries[0].grad, {2, 2, 2}, {1, 3}));
+  CHECK(same(p1[1].entries[0].grad, {2, 2, 2}, {1, 3}));
   const auto p0 = f.cluster->received_of<ps::Push>(0);
   REQUIRE(p0[1].entries.size() == 1);
   CHECK(p0[1].entries[0].rows.to_vector<int64_t>() == std::vector<int64_t>{3, 0});
-  CHECK(test::check_tensor(p0[1].entries[0].grad, {4, 4, 4, 2, 2, 2}, {2, 3}));
+  CHECK(same(p0[1].entries[0].grad, {4, 4, 4, 2, 2, 2}, {2, 3}));
 }
 
 TEST_CASE("ServerVariables::push (apply_gradients) checks its arguments") {
@@ -794,4 +801,63 @@ TEST_CASE("ServerVariables::push (apply_gradients) checks its arguments") {
   CHECK(f.cluster->received_of<ps::Push>(0).size() == 1);
   CHECK(f.cluster->received_of<ps::Push>(1).size() == 1);
   CHECK(f.client->steps() == 1);
+}
+
+TEST_CASE("ServerVariables: a traced step over a transport that delays messages matches the eager step") {
+  // Replies come on the transport's delivery threads, 5 ms late: the async nodes complete there.
+  Fixture f({{"w", {4, 8}}, {"emb", {10, 8}}}, 0.005);
+  const fl::Tensor x = table({3, 4}, 0) * 0.01f;
+  const fl::Tensor ids = fl::tensor(std::vector<int64_t>{9, 1, 9}, fl::Shape{3});
+  auto step = [&](fl::Tensor input, fl::Tensor i) {
+    fl::GradientTape tape;
+    fl::Tensor y = fl::matmul(input, f.locals[0]) + fl::gather(f.locals[1], i);
+    fl::Tensor loss = fl::sum(y * y);
+    f.vars->push(tape.gradient(loss, {f.locals[0], f.locals[1]}), f.locals);
+    return loss;
+  };
+  ps::WorkerScope scope(&f.context);
+  const fl::Tensor eager = step(x, ids);
+  auto traced = fl::trace(step);
+  for (int i = 0; i < 3; ++i) CHECK(same(traced(x, ids), test::values(eager), {}));
+  CHECK(f.client->steps() == 4);
+  // Every push arrives, in clock order, each with the same gradients.
+  std::vector<ps::Push> p0;
+  for (int wait = 0; wait < 200 && p0.size() < 4; ++wait) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    p0 = f.cluster->received_of<ps::Push>(0);
+  }
+  REQUIRE(p0.size() == 4);
+  for (size_t k = 0; k < 4; ++k) {
+    CHECK(p0[k].clock == static_cast<int64_t>(k) + 1);
+    REQUIRE(p0[k].entries.size() == p0[0].entries.size());
+    for (size_t e = 0; e < p0[k].entries.size(); ++e) {
+      CHECK(same(p0[k].entries[e].grad, test::values(p0[0].entries[e].grad), p0[0].entries[e].grad.shape()));
+    }
+  }
+}
+
+TEST_CASE("ps ops: a step traced with one worker client refuses to run once that client is gone") {
+  auto vars = std::make_shared<ps::ServerVariables>(&strategy_identity, 1, fl::ShardingPolicy{});
+  fl::Variable w(fl::zeros({2}), "w");
+  vars->add(vars, fd::VariableAccess::state(w));
+  const auto placements = vars->placements();
+  auto traced = fl::trace([&](fl::Tensor x) { return x * w; });
+  const fl::Tensor x = fl::ones({2});
+  {
+    FakeCluster cluster(1, 1, placements, {table({2}, 5)});
+    ps::WorkerClient client(config(1), placements, cluster.transport());
+    client.start();
+    ps::WorkerContext context{&client, &strategy_identity};
+    ps::WorkerScope scope(&context);
+    CHECK(same(traced(x), {5, 6}, {2}));
+    client.finish();
+  }
+  FakeCluster cluster(1, 1, placements, {table({2}, 7)});
+  ps::WorkerClient client(config(1), placements, cluster.transport());
+  client.start();
+  ps::WorkerContext context{&client, &strategy_identity};
+  ps::WorkerScope scope(&context);
+  test::check_throws<fl::InvalidArgument>([&] { (void)traced(x); }, {"ps_pull", "earlier"});
+  CHECK(same(x * w, {7, 8}, {2}));  // eagerly, the current client
+  client.finish();
 }

@@ -331,7 +331,7 @@ PsVariableAttrs variable_attrs(WorkerClient& client, int32_t var_id) {
 
 Tensor dispatch_pull(WorkerClient& client, int32_t var_id) {
   const PsVariableAttrs attrs = variable_attrs(client, var_id);
-  return dispatch(ps_pull_op, {}, &attrs);
+  return dispatch(ps_pull_op, std::span<const Tensor>(), &attrs);
 }
 
 Lookup dispatch_lookup(WorkerClient& client, int32_t var_id, const Tensor& ids) {

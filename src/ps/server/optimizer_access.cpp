@@ -122,12 +122,8 @@ void OptimizerAccess::apply_sparse(optim::Optimizer& optimizer, const Variable& 
   // optimizer as that variable's slots, so that update() and slot() find them.
   const Variable stand_in(gather(var.value(), index), var.name());
   const void* stand_in_key = VariableAccess::state(stand_in).get();
-  const std::unordered_map<std::string, Variable> slots = optimizer.slots_[VariableAccess::state(var).get()];
-  auto& stand_in_slots = optimizer.slots_[stand_in_key];
-  for (const auto& [slot_name, slot] : slots) {
-    stand_in_slots.emplace(slot_name, Variable(gather(slot.value(), index), slot.name()));
-  }
-  // Whatever happens, the optimizer forgets the stand-ins (and any slot update() made for them).
+  // Whatever happens from here, the optimizer forgets the stand-ins (and any slot update() made
+  // for them): a stale entry would hand its slots to a later variable at the same address.
   struct Forget {
     optim::Optimizer& optimizer;
     const void* key;
@@ -143,6 +139,11 @@ void OptimizerAccess::apply_sparse(optim::Optimizer& optimizer, const Variable& 
       optimizer.slots_.erase(found);
     }
   } forget{optimizer, stand_in_key};
+  const std::unordered_map<std::string, Variable> slots = optimizer.slots_[VariableAccess::state(var).get()];
+  auto& stand_in_slots = optimizer.slots_[stand_in_key];
+  for (const auto& [slot_name, slot] : slots) {
+    stand_in_slots.emplace(slot_name, Variable(gather(slot.value(), index), slot.name()));
+  }
 
   Variable updated = stand_in;
   optimizer.update(updated, grad);

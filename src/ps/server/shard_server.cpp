@@ -203,9 +203,10 @@ struct ShardServer::State {
   // goes back, and stays put once no worker is live).
   void refresh_bounded_version() {
     const int64_t slowest = slowest_clock();
-    if (slowest != std::numeric_limits<int64_t>::max()) {
-      work.version = std::max(work.version, version_base + slowest);
-    }
+    if (slowest == std::numeric_limits<int64_t>::max()) return;
+    int64_t version = 0;  // saturates: a hostile clock must not overflow it
+    if (__builtin_add_overflow(version_base, slowest, &version)) version = std::numeric_limits<int64_t>::max();
+    work.version = std::max(work.version, version);
   }
   bool readable(const Parked& pull) const {
     switch (config.mode) {
@@ -261,6 +262,11 @@ struct ShardServer::State {
                   fmt::format("{}: {} from endpoint {} claims to come from worker {}; endpoint {} is {}", who(), kind,
                               from, worker, from, worker_at(from) >= 0 ? fmt::format("worker {}", worker_at(from))
                                                                        : std::string("not a worker")));
+      return;
+    }
+    if (clock < 0) {  // clocks count steps; the bound's arithmetic relies on it
+      reply_error(from, request_id, ErrorCode::invalid_argument,
+                  fmt::format("{}: {} by worker {}: clock must be >= 0; got {}", who(), kind, worker, clock));
       return;
     }
     auto found = piece_of_var.find(var_id);
@@ -532,6 +538,8 @@ struct ShardServer::State {
         item.message = decode(bytes);
       } catch (const std::exception& e) {
         item.problem = e.what();
+      } catch (...) {
+        item.problem = "decode threw a non-standard exception";
       }
       {
         std::lock_guard lock(queue_mutex);

@@ -16,6 +16,8 @@
 // by send order at once, and the thread delivers its front when due.
 //
 // Before the first attach() messages stay in the inbox; after detach() they are counted and dropped.
+// The transport must not be destroyed from inside one of its handlers (its owner, the strategy,
+// destroys it after every endpoint detached).
 #include <fmt/format.h>
 
 #include <atomic>
@@ -142,7 +144,9 @@ class InMemoryTransport final : public Transport {
     std::unique_lock lock(ep.mutex);
     if (delayed()) {
       ep.inbox.push_back(Letter{from, std::move(message), Clock::now() + delay_});
-      if (ep.inbox.size() == 1) ep.changed.notify_all();
+      const bool was_empty = ep.inbox.size() == 1;
+      lock.unlock();  // notified after: a thread woken under the lock would only block on it again
+      if (was_empty) ep.changed.notify_all();
       return;
     }
     count_received(ep, message.size());

@@ -10,8 +10,9 @@
 // Threads. send() calls MPI_Isend on the caller's thread (under the transport's mutex) and returns;
 // the buffer stays with the transport until the progress thread's MPI_Testsome sees the send done.
 // The progress thread receives (MPI_Improbe / MPI_Mrecv of the probed size) and calls the handler,
-// so calls are one at a time. It spins (yielding) for 2 ms after the last activity, then sleeps in
-// 200 us steps, woken at once by send() and attach().
+// so calls are one at a time. It spins (yielding) while a send is in flight (MPI moves a large one
+// only when progressed) and for 2 ms after the last activity, then sleeps in 200 us steps, woken
+// at once by send() and attach().
 //
 // Shutdown (destructor or exit hook; collective). First a barrier (MPI_Ibarrier), polled while
 // still receiving and calling the handler, since a process that is not there yet may be waiting for
@@ -186,7 +187,9 @@ class MpiTransport final : public Transport {
       if (!deliver_pending(active)) return;
       if (!receive_available(active)) return;
       active |= test_sends();
-      if (active) {
+      // A send in flight is activity too: a large one moves only as far as the progress calls
+      // push it (fragment by fragment), so napping would stretch it to many naps.
+      if (active || sends_in_flight()) {
         last_activity = Clock::now();
       } else if (Clock::now() - last_activity < kSpin) {
         std::this_thread::yield();
@@ -282,6 +285,11 @@ class MpiTransport final : public Transport {
       }
       std::this_thread::yield();
     }
+  }
+
+  bool sends_in_flight() {
+    std::lock_guard lock(mutex_);
+    return !sending_.empty();
   }
 
   bool all_sends_done() {

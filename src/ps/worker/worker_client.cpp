@@ -96,7 +96,7 @@ thread_local const WorkerContext* current_context = nullptr;
 // One pull (dense: one part per piece; sparse: one part per owning server), completed once.
 struct PullJob {
   int32_t var_id = 0;
-  Done done;
+  WorkerClient::Done done;
   Shape result_shape;
   std::vector<Shape> part_shapes;                 // what each part's reply must hold
   std::vector<int64_t> part_rows;                 // dense: where each part's rows start in the result
