@@ -236,3 +236,36 @@ TEST_CASE("mpi parameter servers: a worker stopped at step 3") {
   CHECK(test::values(c.value())[0] == -static_cast<double>(kSteps + 2 + 4));
   check_same_everywhere(fingerprint(again), "second run's stats");
 }
+
+TEST_CASE("mpi parameter servers: a failing worker fails run() on every process, with the same error") {
+  fl::ParameterServerStrategy ps(options_for(TrainingMode::async));
+  fl::Variable c = server_variable(ps, fl::scalar(0.0), "c");
+  const bool threw = test::check_throws<fl::OutOfRange>(
+      [&] {
+        ps.run(sgd(1.0), [&](fl::ps::Worker& worker) {
+          worker.apply_gradients({fl::ones_like(c.value())}, {c});
+          if (worker.index() == 1) throw fl::OutOfRange("worker one ran out of data");
+          worker.apply_gradients({fl::ones_like(c.value())}, {c});
+        });
+      },
+      {"worker one ran out of data"});
+  CHECK(threw);
+  const auto& stats = ps.last_stats();
+  REQUIRE(stats.workers.size() == 2);
+  CHECK(stats.workers[1].error == "worker one ran out of data");
+  CHECK(stats.workers[1].stopped);
+  CHECK(stats.workers[0].steps == 2);
+  // What the servers applied is kept, on every process.
+  CHECK(test::values(c.value())[0] == -3.0);
+  check_same_everywhere(fingerprint(stats), "stats");
+}
+
+TEST_CASE("mpi parameter servers: processes that disagree on the variables are refused") {
+  fl::ParameterServerStrategy ps(options_for(TrainingMode::async));
+  fl::Variable c = server_variable(ps, fl::scalar(0.0), "c");
+  // Process 0 makes one variable more than the others.
+  fl::Variable extra = fl::process_index() == 0 ? server_variable(ps, fl::scalar(1.0), "extra") : fl::Variable();
+  CHECK(test::check_throws<fl::InvalidArgument>([&] { ps.run(sgd(1.0), counter_worker(c, 1)); },
+                                                {"disagree", "server variables"}));
+  CHECK(test::values(c.value())[0] == 0.0);
+}
