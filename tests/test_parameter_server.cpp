@@ -545,6 +545,48 @@ TEST_CASE("parameter servers: worker identity, devices and a stop request") {
   CHECK(scalar_of(c) == -static_cast<double>(total_steps(stats)));
 }
 
+TEST_CASE("parameter servers: injected step and message delays") {
+  ensure_devices();
+  SUBCASE("a constant step delay shows in every step time") {
+    fl::ParameterServerOptions options = options_for(1, 2, TrainingMode::async);
+    options.faults.step_delay = fl::StepDelay::constant(0.005);
+    fl::ParameterServerStrategy ps(options);
+    fl::Variable c = server_variable(ps, fl::scalar(0.0), "c");
+    const auto stats = ps.run(sgd(1.0), counter_worker(c, 4));
+    check_consistent(stats, 1, 2);
+    for (const fl::WorkerStats& w : stats.workers) {
+      REQUIRE(w.step_seconds.size() == 4);
+      for (double t : w.step_seconds) CHECK(t >= 0.005);
+    }
+    CHECK(scalar_of(c) == -8.0);
+  }
+  SUBCASE("a message delay: every pull waits for two deliveries, nothing is lost") {
+    fl::ParameterServerOptions options = options_for(2, 2, TrainingMode::async);
+    options.faults.message_delay_seconds = 0.004;
+    fl::ParameterServerStrategy ps(options);
+    fl::Variable c = server_variable(ps, fl::scalar(0.0), "c");
+    fl::Variable d = server_variable(ps, fl::scalar(0.0), "d");  // on the other server
+    CHECK(ps.placement(d)[0].server == 1);
+    const auto started = std::chrono::steady_clock::now();
+    const auto stats = ps.run(sgd(1.0), [&](fl::ps::Worker& worker) {
+      for (int i = 0; i < 5; ++i) {
+        const fl::Tensor cv = c.value(), dv = d.value();
+        worker.apply_gradients({fl::ones_like(cv), fl::ones_like(dv)}, {c, d});
+      }
+    });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    check_consistent(stats, 2, 2);
+    CHECK(seconds >= 5 * 2 * 2 * 0.004);  // 5 steps x 2 pulls x (request + reply)
+    CHECK(scalar_of(c) == -10.0);
+    CHECK(scalar_of(d) == -10.0);
+  }
+  SUBCASE("without enough logical devices everything runs on cpu:0") {
+    fl::ParameterServerStrategy ps(options_for(3, 6, TrainingMode::async));
+    CHECK(ps.options().server_devices == std::vector<fl::Device>(3, fl::Device("cpu:0")));
+    CHECK(ps.options().worker_devices == std::vector<fl::Device>(6, fl::Device("cpu:0")));
+  }
+}
+
 TEST_CASE("parameter servers: failing workers") {
   ensure_devices();
   fl::ParameterServerStrategy ps(options_for(1, 3, TrainingMode::async));
@@ -577,6 +619,10 @@ TEST_CASE("parameter servers: failing workers") {
     test::check_throws<fl::ShapeError>(
         [&] { ps.run(sgd(1.0), [&](fl::ps::Worker& w) { w.apply_gradients({fl::ones({2}, fl::f64)}, {c}); }); });
     CHECK(scalar_of(c) == 0.0);
+  }
+  SUBCASE("asking for the optimizers during the run") {
+    test::check_throws<fl::InvalidArgument>(
+        [&] { ps.run(sgd(1.0), [&](fl::ps::Worker&) { ps.optimizers(c); }); }, {"optimizers", "in progress"});
   }
   SUBCASE("a variable of no server") {
     fl::Variable local(fl::scalar(1.0), "local");

@@ -375,8 +375,14 @@ std::vector<const optim::Optimizer*> StrategyCore::optimizers(const Variable& va
   const int32_t id = id_of(variable, "optimizers");
   std::vector<const optim::Optimizer*> result;
   if (!role.in_process) return result;  // they live in the server processes
-  // Not during a run: the servers' threads change them.
-  std::lock_guard run_lock(run_mutex_);
+  // Not during a run: the servers' threads change them (and a worker function asking would wait for
+  // its own run to end).
+  std::unique_lock run_lock(run_mutex_, std::try_to_lock);
+  if (!run_lock.owns_lock()) {
+    fail<InvalidArgument>("{}::optimizers: a run() is in progress; the servers' optimizers change while it lasts "
+                          "(ask after it returned)",
+                          kWho);
+  }
   if (static_cast<size_t>(id) >= served_variables_) return result;
   const VariablePlacement p = variables->placements()[static_cast<size_t>(id)];
   for (const ShardPiece& piece : p.pieces) {
