@@ -510,6 +510,23 @@ TEST_CASE("parameter servers: runs are seeded from the local values and keep opt
   test::check_throws<fl::InvalidArgument>([&] { ps.run(adam, worker_fn(1)); }, {"after the first run"});
 }
 
+TEST_CASE("parameter servers: run() inside scope() makes no server variables of the optimizers' state") {
+  ensure_devices();
+  fl::ParameterServerStrategy ps(options_for(1, 2, TrainingMode::async));
+  auto scope = ps.scope();
+  fl::Variable c(fl::scalar(0.0), "c");
+  ps.run([] { return std::make_unique<fl::optim::Adam>(0.1); }, counter_worker(c, 3));
+  REQUIRE(ps.variables().size() == 1);
+  CHECK(same_variable(ps.variables()[0], c));
+  CHECK(ps.optimizers(c).size() == 1);
+  // Variables a worker function makes are its own (the scope belongs to the thread that made it).
+  ps.run(sgd(1.0), [&](fl::ps::Worker& worker) {
+    fl::Variable scratch(fl::scalar(1.0), "scratch");
+    worker.apply_gradients({fl::ones_like(c.value())}, {c});
+  });
+  CHECK(ps.variables().size() == 1);
+}
+
 TEST_CASE("parameter servers: worker identity, devices and a stop request") {
   ensure_devices();
   fl::ParameterServerStrategy ps(options_for(2, 3, TrainingMode::async));
