@@ -115,7 +115,7 @@ class MpiTransport final : public Transport {
     const int32_t trailer[2] = {from, to};
     const auto* t = reinterpret_cast<const std::byte*>(trailer);
     message.insert(message.end(), t, t + kTrailerBytes);
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     // Sends while closing are fine (a handler answering a late request): the shutdown counts them.
     if (comm_ == MPI_COMM_NULL) fail<InvalidArgument>("ps MPI transport send: the transport has been shut down");
     const int dest = process_of_[static_cast<size_t>(to)];
@@ -126,7 +126,9 @@ class MpiTransport final : public Transport {
     ++sent_to_[static_cast<size_t>(dest)];
     messages_sent_.fetch_add(1, std::memory_order_relaxed);
     bytes_sent_.fetch_add(size, std::memory_order_relaxed);
-    if (napping_) wake_.notify_all();
+    const bool napping = napping_;
+    lock.unlock();  // notified after: woken under the lock, the thread would only block on it
+    if (napping) wake_.notify_all();
   }
 
   TransportCounters counters(int endpoint) const override {
