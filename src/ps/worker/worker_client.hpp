@@ -19,12 +19,15 @@
 // steps() grows by one.
 //
 // Timeouts: a pull whose reply has not come within the timeout fails with DeadlineExceeded naming
-// the server, the variable and the worker (a watchdog thread checks every pending request).
+// the server, the variable and the worker (a watchdog thread checks every pending request). The
+// watchdog allows 0.2 s beyond the timeout, so that a server's own deadline error for a pull it
+// parked (which names the workers it waits for) arrives first.
 #pragma once
 
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -94,6 +97,12 @@ class WorkerClient {
   int64_t steps() const;
   bool stopped() const;
   WorkerStats stats() const;  // steps, step times, stopped, transport counters of its endpoint
+
+  // A number no other client of this process has had: a graph node holding a client pointer checks
+  // with alive() that the client is still the one it was traced with (not a later one at the same
+  // address), and refuses to run otherwise.
+  uint64_t serial() const;
+  static bool alive(const WorkerClient* client, uint64_t serial);
 
  private:
   struct State;
