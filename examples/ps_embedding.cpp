@@ -40,11 +40,11 @@ struct Options {
   int workers = 4;  // in one process; under mpirun the processes that do not serve
   std::string mode = "async";
   int staleness = 2;
-  int64_t steps = 300;  // per worker
+  int64_t steps = 1000;  // per worker
   int64_t batch_size = 256;
   int64_t vocab = 100'000;  // per feature
   int64_t dim = 8;          // learned embedding width
-  double lr = 0.05;
+  double lr = 0.1;
   uint64_t seed = 1;
 };
 

@@ -25,11 +25,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <flowlet/collective.hpp>
@@ -143,9 +145,11 @@ struct ModeTotals {
   }
 
   std::string text() const {
+    std::vector<int64_t> histogram = staleness_histogram;
+    while (!histogram.empty() && histogram.back() == 0) histogram.pop_back();
     std::string out = fmt::format("  updates applied {}, dropped {} ({:.1f}%), max staleness {}, staleness histogram [{}]\n",
                                   applied, dropped, applied + dropped > 0 ? 100.0 * dropped / (applied + dropped) : 0.0,
-                                  max_staleness, fmt::join(staleness_histogram, " "));
+                                  max_staleness, fmt::join(histogram, " "));
     for (size_t w = 0; w < worker_steps.size(); ++w) {
       const auto& s = worker_step_seconds[w];
       double mean = 0;
@@ -287,9 +291,23 @@ int run(const Options& o) {
 
 }  // namespace
 
+// The injected straggler delay sleeps inside the worker's push, which a traced step runs on a thread
+// of the process's one thread pool; with a pool of one thread per core (2 here) that sleep holds a
+// thread every worker's graph needs, and every worker slows to the straggler's pace (async
+// included). Until the push no longer sleeps there, give the pool a thread per worker beyond the
+// cores (parallel loops keep one chunk per core). Before the first op: the pool reads these once.
+void leave_room_for_sleeping_stragglers(int workers) {
+  if (std::getenv("FLOWLET_NUM_THREADS") != nullptr) return;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  setenv("FLOWLET_NUM_THREADS", std::to_string(cores + workers + 1).c_str(), 0);
+  setenv("FLOWLET_INTRA_OP_THREADS", std::to_string(cores).c_str(), 0);
+}
+
 int main(int argc, char** argv) {
   try {
-    return run(parse(argc, argv));
+    const Options options = parse(argc, argv);
+    leave_room_for_sleeping_stragglers(options.workers + 1);
+    return run(options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "\nps_fashion_mnist: %s\n", e.what());
     return 1;
