@@ -72,9 +72,11 @@ struct XYSeries {
   std::vector<double> x, y;  // the same length
 };
 
-// One panel: every curve over shared axes (x and y ranges cover all points), a legend at the right.
+// One panel: every curve over shared axes (x and y ranges cover all points), a legend at the right,
+// and a dashed horizontal line at `marker_y` (a target) unless it is NaN.
 inline void write_svg_xy_chart(const std::string& path, const std::string& heading, const std::string& x_label,
-                               const std::string& y_label, const std::vector<XYSeries>& series) {
+                               const std::string& y_label, const std::vector<XYSeries>& series,
+                               double marker_y = std::nan("")) {
   constexpr double kWidth = 720, kHeight = 420, kLeft = 64, kRight = 170, kTop = 40, kBottom = 48;
   double x_lo = 0, x_hi = 0, y_lo = 0, y_hi = 0;
   bool any = false;
@@ -85,6 +87,7 @@ inline void write_svg_xy_chart(const std::string& path, const std::string& headi
       y_lo = std::min(y_lo, s.y[i]), y_hi = std::max(y_hi, s.y[i]);
     }
   }
+  if (any && !std::isnan(marker_y)) y_lo = std::min(y_lo, marker_y), y_hi = std::max(y_hi, marker_y);
   if (x_hi - x_lo < 1e-12) x_hi = x_lo + 1;
   if (y_hi - y_lo < 1e-12) y_lo -= 0.5, y_hi += 0.5;
   const double y_pad = (y_hi - y_lo) * 0.05;
@@ -109,6 +112,11 @@ inline void write_svg_xy_chart(const std::string& path, const std::string& headi
   svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", (left + right) / 2, bottom + 36, x_label);
   svg += fmt::format("<text x=\"14\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 14 {0})\">{1}</text>\n",
                      (top + bottom) / 2, y_label);
+  if (!std::isnan(marker_y)) {
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#555\" stroke-dasharray=\"6 4\"/>\n"
+                       "<text x=\"{2}\" y=\"{3:.1f}\" text-anchor=\"end\" fill=\"#555\">{4:.3g}</text>\n",
+                       left, y_of(marker_y), right, y_of(marker_y) - 4, marker_y);
+  }
   for (size_t p = 0; p < series.size(); ++p) {
     const auto& s = series[p];
     std::string points;
