@@ -12,7 +12,7 @@
 //   mpirun -np 6 build/release/examples/ps_embedding            # the same as 6 processes
 //
 //   ps_embedding [--servers S] [--workers W] [--mode async|sync|sync-backup|staleness] [--staleness K]
-//                [--steps N] [--batch-size B] [--vocab V] [--dim D] [--lr X] [--seed S]
+//                [--steps N] [--batch-size B] [--vocab V] [--dim D] [--lr X] [--seed S] [--min-auc A]
 //
 // Ids are Zipf-distributed (a few ids are frequent, most are rare), as in click logs; rare ids are
 // seen too seldom to learn, which is part of the gap to the ground truth.
@@ -46,6 +46,7 @@ struct Options {
   int64_t dim = 8;          // learned embedding width
   double lr = 0.1;
   uint64_t seed = 1;
+  double min_auc = 0;  // exit 1 below this test AUC (the test run's check that it learned)
 };
 
 Options parse(int argc, char** argv) {
@@ -66,6 +67,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--dim") o.dim = std::stoll(value());
     else if (arg == "--lr") o.lr = std::stod(value());
     else if (arg == "--seed") o.seed = std::stoull(value());
+    else if (arg == "--min-auc") o.min_auc = std::stod(value());
     else throw fl::InvalidArgument("ps_embedding: unknown option " + arg);
   }
   if (o.servers < 1 || o.workers < 1 || o.steps < 1 || o.batch_size < 1 || o.vocab < 2 || o.dim < 1 || !(o.lr > 0) ||
@@ -296,6 +298,11 @@ int run(const Options& o) {
                   n, accuracy(score, test.label_values), accuracy(test.true_probability, test.label_values),
                   std::max(positives, 1 - positives), auc(score, test.label_values),
                   auc(test.true_probability, test.label_values)));
+  const double learned_auc = auc(score, test.label_values);
+  if (learned_auc < o.min_auc) {
+    std::fprintf(stderr, "ps_embedding: test AUC %.4f is below --min-auc %.4f\n", learned_auc, o.min_auc);
+    return 1;
+  }
   return 0;
 }
 

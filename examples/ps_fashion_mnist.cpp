@@ -10,7 +10,7 @@
 //
 //   ps_fashion_mnist [--modes async,sync,sync-backup,staleness] [--workers W] [--epochs N]
 //                    [--segments N] [--straggler-factor X] [--target A] [--out-dir DIR] [--quick]
-//                    [--batch-size B] [--lr X] [--seed S] [--data DIR]
+//                    [--min-accuracy A] [--batch-size B] [--lr X] [--seed S] [--data DIR]
 //
 // Writes DIR/ps_fashion_mnist.csv (mode, seconds, accuracy), DIR/ps_fashion_mnist.svg (test
 // accuracy against wall time, one curve per mode) and DIR/ps_step_times.csv (every worker's measured
@@ -54,6 +54,7 @@ struct Options : examples::TrainingOptions {  // epochs, batch_size, lr, seed, d
   double target = 0.85;
   std::string out_dir = "build/ps_fashion_mnist";
   bool quick = false;  // a short run for tests: 60 batches per mode in 3 segments, a 2,000-image test set
+  double min_accuracy = 0;  // exit 1 when a mode ends below this test accuracy (the test run's check)
 };
 
 std::vector<std::string> split(const std::string& text) {
@@ -76,6 +77,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--target") o.target = std::stod(value());
     else if (arg == "--out-dir") o.out_dir = value();
     else if (arg == "--quick") o.quick = true;
+    else if (arg == "--min-accuracy") o.min_accuracy = std::stod(value());
     else return false;
     return true;
   });
@@ -291,6 +293,13 @@ int run(const Options& o) {
   }
   say(fmt::format("curves: {0}/ps_fashion_mnist.csv, {0}/ps_fashion_mnist.svg; step times: {0}/ps_step_times.csv\n",
                   o.out_dir));
+  for (const Curve& c : curves) {
+    if (c.accuracy.back() < o.min_accuracy) {
+      std::fprintf(stderr, "ps_fashion_mnist: %s ended at test accuracy %.4f, below --min-accuracy %.4f\n",
+                   label(c.mode).c_str(), c.accuracy.back(), o.min_accuracy);
+      return 1;
+    }
+  }
   return 0;
 }
 
