@@ -46,7 +46,8 @@ fl::ParameterServerStrategy::OptimizerFactory sgd(double lr) {
 }
 
 // A server variable made under the strategy's scope.
-fl::Variable server_variable(const fl::ParameterServerStrategy& ps, const fl::Tensor& initial, const std::string& name) {
+fl::Variable server_variable(const fl::ParameterServerStrategy& ps, const fl::Tensor& initial,
+                             const std::string& name) {
   auto scope = ps.scope();
   return fl::Variable(initial, name);
 }
@@ -369,8 +370,8 @@ class SignMomentum : public fl::optim::Optimizer {
     fl::Variable& m = slot(var, "momentum");
     m.assign(beta_ * m.value() + (1.0 - beta_) * grad);
     const fl::Tensor zero = fl::zeros_like(grad);
-    const fl::Tensor sign = fl::where(m.value() > zero, fl::ones_like(grad), zero) -
-                            fl::where(m.value() < zero, fl::ones_like(grad), zero);
+    const fl::Tensor sign =
+        fl::where(m.value() > zero, fl::ones_like(grad), zero) - fl::where(m.value() < zero, fl::ones_like(grad), zero);
     var.assign_sub(lr_ * sign);
   }
 
@@ -638,8 +639,8 @@ TEST_CASE("parameter servers: failing workers") {
     CHECK(scalar_of(c) == 0.0);
   }
   SUBCASE("asking for the optimizers during the run") {
-    test::check_throws<fl::InvalidArgument>(
-        [&] { ps.run(sgd(1.0), [&](fl::ps::Worker&) { ps.optimizers(c); }); }, {"optimizers", "in progress"});
+    test::check_throws<fl::InvalidArgument>([&] { ps.run(sgd(1.0), [&](fl::ps::Worker&) { ps.optimizers(c); }); },
+                                            {"optimizers", "in progress"});
   }
   SUBCASE("a variable of no server") {
     fl::Variable local(fl::scalar(1.0), "local");
@@ -721,9 +722,7 @@ TEST_CASE("parameter servers: option and argument errors") {
   test::check_throws<fl::InvalidArgument>(
       [&] { ps.run([] { return std::unique_ptr<fl::optim::Optimizer>(); }, [](fl::ps::Worker&) {}); }, {"null"});
   test::check_throws<fl::InvalidArgument>(
-      [&] {
-        ps.run(sgd(1.0), [&](fl::ps::Worker&) { ps.run(sgd(1.0), [](fl::ps::Worker&) {}); });
-      },
+      [&] { ps.run(sgd(1.0), [&](fl::ps::Worker&) { ps.run(sgd(1.0), [](fl::ps::Worker&) {}); }); },
       {"inside a worker function"});
   // Non-floating variables cannot live on the servers.
   test::check_throws<fl::InvalidArgument>([&] { server_variable(ps, fl::scalar(int64_t{3}), "count"); });

@@ -41,7 +41,8 @@ fl::ParameterServerStrategy::OptimizerFactory sgd(double lr) {
   return [lr] { return std::make_unique<fl::optim::SGD>(lr); };
 }
 
-fl::Variable server_variable(const fl::ParameterServerStrategy& ps, const fl::Tensor& initial, const std::string& name) {
+fl::Variable server_variable(const fl::ParameterServerStrategy& ps, const fl::Tensor& initial,
+                             const std::string& name) {
   auto scope = ps.scope();
   return fl::Variable(initial, name);
 }
@@ -67,9 +68,12 @@ void check_same_everywhere(const std::vector<double>& values, const char* what) 
 
 // Every counter of the run as numbers (the step times too), to compare across processes.
 std::vector<double> fingerprint(const fl::ParameterServerStats& s) {
-  std::vector<double> f = {static_cast<double>(static_cast<int>(s.mode)), static_cast<double>(s.updates_applied),
-                           static_cast<double>(s.updates_dropped), static_cast<double>(s.max_staleness),
-                           s.wall_seconds, static_cast<double>(s.servers.size()),
+  std::vector<double> f = {static_cast<double>(static_cast<int>(s.mode)),
+                           static_cast<double>(s.updates_applied),
+                           static_cast<double>(s.updates_dropped),
+                           static_cast<double>(s.max_staleness),
+                           s.wall_seconds,
+                           static_cast<double>(s.servers.size()),
                            static_cast<double>(s.workers.size())};
   for (int64_t h : s.staleness_histogram) f.push_back(static_cast<double>(h));
   for (const fl::ServerStats& v : s.servers) {
