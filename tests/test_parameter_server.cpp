@@ -638,6 +638,26 @@ TEST_CASE("parameter servers: failing workers") {
         [&] { ps.run(sgd(1.0), [&](fl::ps::Worker& w) { w.apply_gradients({fl::ones({2}, fl::f64)}, {c}); }); });
     CHECK(scalar_of(c) == 0.0);
   }
+  SUBCASE("sync: after a worker failed (and so said goodbye) the others go on without it") {
+    fl::ParameterServerStrategy sync_ps(options_for(1, 3, TrainingMode::sync));
+    fl::Variable s = server_variable(sync_ps, fl::scalar(0.0), "s");
+    test::check_throws<fl::OutOfRange>(
+        [&] {
+          sync_ps.run(sgd(1.0), [&](fl::ps::Worker& worker) {
+            for (int i = 0; i < 6; ++i) {
+              if (worker.index() == 0 && i == 2) throw fl::OutOfRange("worker zero ran out of data");
+              worker.apply_gradients({fl::ones_like(s.value())}, {s});
+            }
+          });
+        },
+        {"worker zero ran out of data"});
+    const auto& stats = sync_ps.last_stats();
+    CHECK(stats.workers[1].steps == 6);
+    CHECK(stats.workers[2].steps == 6);
+    CHECK(stats.servers[0].steps == 6);
+    CHECK(stats.updates_applied == 2 + 6 + 6);
+    CHECK(scalar_of(s) == -6.0);
+  }
   SUBCASE("asking for the optimizers during the run") {
     test::check_throws<fl::InvalidArgument>([&] { ps.run(sgd(1.0), [&](fl::ps::Worker&) { ps.optimizers(c); }); },
                                             {"optimizers", "in progress"});
