@@ -273,3 +273,22 @@ TEST_CASE("mpi parameter servers: processes that disagree on the variables are r
                                                 {"disagree", "server variables"}));
   CHECK(test::values(c.value())[0] == 0.0);
 }
+
+TEST_CASE("mpi parameter servers: options.server_processes picks the serving processes") {
+  // The last processes serve; the first two work, in process order.
+  fl::ParameterServerOptions options = options_for(TrainingMode::async);
+  for (int s = 0; s < servers(); ++s) options.server_processes.push_back(kWorkers + s);
+  fl::ParameterServerStrategy ps(options);
+  const int me = fl::process_index();
+  CHECK(ps.is_server() == (me >= kWorkers));
+  CHECK(ps.worker_index() == (me >= kWorkers ? -1 : me));
+  fl::Variable c = server_variable(ps, fl::tensor(std::vector<double>{5, 6, 7, 8}, fl::Shape{4}), "c");
+  int ran_as = -1;
+  const auto stats = ps.run(sgd(1.0), [&](fl::ps::Worker& worker) {
+    ran_as = worker.index();
+    counter_worker(c, 3)(worker);
+  });
+  CHECK(ran_as == ps.worker_index());
+  CHECK(test::values(c.value()) == std::vector<double>{-1, 0, 1, 2});
+  check_same_everywhere(fingerprint(stats), "stats");
+}
