@@ -306,13 +306,16 @@ void StrategyCore::prepare_servers(const std::vector<VariablePlacement>& placeme
     }
     return;
   }
-  served_ = true;
-  served_variables_ = placements.size();
+  // All or nothing: a server that cannot be made leaves none made (the next run tries again).
+  std::vector<std::unique_ptr<ShardServer>> made(static_cast<size_t>(options.num_servers));
   for (int s = 0; s < options.num_servers; ++s) {
     if (role.in_process || s == role.server) {
-      servers_[static_cast<size_t>(s)] = std::make_unique<ShardServer>(server_config(s), placements, *transport_);
+      made[static_cast<size_t>(s)] = std::make_unique<ShardServer>(server_config(s), placements, *transport_);
     }
   }
+  servers_ = std::move(made);
+  served_ = true;
+  served_variables_ = placements.size();
 }
 
 ParameterServerStats StrategyCore::run(const OptimizerFactory& make_optimizer, const WorkerFunction& worker_fn) {
