@@ -46,7 +46,8 @@ fl::ParameterServerStrategy::OptimizerFactory sgd(double lr) {
 }
 
 // A server variable made under the strategy's scope.
-fl::Variable server_variable(const fl::ParameterServerStrategy& ps, const fl::Tensor& initial, const std::string& name) {
+fl::Variable server_variable(const fl::ParameterServerStrategy& ps, const fl::Tensor& initial,
+                             const std::string& name) {
   auto scope = ps.scope();
   return fl::Variable(initial, name);
 }
@@ -369,8 +370,8 @@ class SignMomentum : public fl::optim::Optimizer {
     fl::Variable& m = slot(var, "momentum");
     m.assign(beta_ * m.value() + (1.0 - beta_) * grad);
     const fl::Tensor zero = fl::zeros_like(grad);
-    const fl::Tensor sign = fl::where(m.value() > zero, fl::ones_like(grad), zero) -
-                            fl::where(m.value() < zero, fl::ones_like(grad), zero);
+    const fl::Tensor sign =
+        fl::where(m.value() > zero, fl::ones_like(grad), zero) - fl::where(m.value() < zero, fl::ones_like(grad), zero);
     var.assign_sub(lr_ * sign);
   }
 
@@ -637,9 +638,29 @@ TEST_CASE("parameter servers: failing workers") {
         [&] { ps.run(sgd(1.0), [&](fl::ps::Worker& w) { w.apply_gradients({fl::ones({2}, fl::f64)}, {c}); }); });
     CHECK(scalar_of(c) == 0.0);
   }
+  SUBCASE("sync: after a worker failed (and so said goodbye) the others go on without it") {
+    fl::ParameterServerStrategy sync_ps(options_for(1, 3, TrainingMode::sync));
+    fl::Variable s = server_variable(sync_ps, fl::scalar(0.0), "s");
+    test::check_throws<fl::OutOfRange>(
+        [&] {
+          sync_ps.run(sgd(1.0), [&](fl::ps::Worker& worker) {
+            for (int i = 0; i < 6; ++i) {
+              if (worker.index() == 0 && i == 2) throw fl::OutOfRange("worker zero ran out of data");
+              worker.apply_gradients({fl::ones_like(s.value())}, {s});
+            }
+          });
+        },
+        {"worker zero ran out of data"});
+    const auto& stats = sync_ps.last_stats();
+    CHECK(stats.workers[1].steps == 6);
+    CHECK(stats.workers[2].steps == 6);
+    CHECK(stats.servers[0].steps == 6);
+    CHECK(stats.updates_applied == 2 + 6 + 6);
+    CHECK(scalar_of(s) == -6.0);
+  }
   SUBCASE("asking for the optimizers during the run") {
-    test::check_throws<fl::InvalidArgument>(
-        [&] { ps.run(sgd(1.0), [&](fl::ps::Worker&) { ps.optimizers(c); }); }, {"optimizers", "in progress"});
+    test::check_throws<fl::InvalidArgument>([&] { ps.run(sgd(1.0), [&](fl::ps::Worker&) { ps.optimizers(c); }); },
+                                            {"optimizers", "in progress"});
   }
   SUBCASE("a variable of no server") {
     fl::Variable local(fl::scalar(1.0), "local");
@@ -721,9 +742,7 @@ TEST_CASE("parameter servers: option and argument errors") {
   test::check_throws<fl::InvalidArgument>(
       [&] { ps.run([] { return std::unique_ptr<fl::optim::Optimizer>(); }, [](fl::ps::Worker&) {}); }, {"null"});
   test::check_throws<fl::InvalidArgument>(
-      [&] {
-        ps.run(sgd(1.0), [&](fl::ps::Worker&) { ps.run(sgd(1.0), [](fl::ps::Worker&) {}); });
-      },
+      [&] { ps.run(sgd(1.0), [&](fl::ps::Worker&) { ps.run(sgd(1.0), [](fl::ps::Worker&) {}); }); },
       {"inside a worker function"});
   // Non-floating variables cannot live on the servers.
   test::check_throws<fl::InvalidArgument>([&] { server_variable(ps, fl::scalar(int64_t{3}), "count"); });

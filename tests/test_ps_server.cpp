@@ -32,15 +32,19 @@ using Clock = std::chrono::steady_clock;
 
 // The transport under test: the wire part's in-process one (the handler runs inside send(), one
 // call at a time per endpoint).
-std::unique_ptr<ps::Transport> make_transport(int endpoints) { return ps::make_in_memory_transport(endpoints); }
+std::unique_ptr<ps::Transport> make_transport(int endpoints, std::chrono::duration<double> delay = {}) {
+  return ps::make_in_memory_transport(endpoints, delay);
+}
 
 // ---------------------------------------------------------------------------------------------
 // A cluster of test workers: endpoint num_servers + w collects what servers send to worker w.
 
 class Workers {
  public:
-  Workers(int servers, int workers)
-      : servers_(servers), transport_(make_transport(servers + workers)), inboxes_(new Inbox[static_cast<size_t>(workers)]) {
+  Workers(int servers, int workers, std::chrono::duration<double> message_delay = {})
+      : servers_(servers),
+        workers_(workers),
+        transport_(make_transport(servers + workers, message_delay)), inboxes_(new Inbox[static_cast<size_t>(workers)]) {
     for (int w = 0; w < workers; ++w) {
       transport_->attach(servers + w, [this, w](int, ps::Bytes bytes) {
         Inbox& inbox = inboxes_[static_cast<size_t>(w)];
@@ -52,6 +56,13 @@ class Workers {
       });
     }
   }
+
+  // Detached first: no handler call may still be touching an inbox when the inboxes go.
+  ~Workers() {
+    for (int w = 0; w < workers_; ++w) transport_->detach(servers_ + w);
+  }
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
 
   ps::Transport& transport() { return *transport_; }
   int endpoint(int worker) const { return servers_ + worker; }
@@ -68,7 +79,7 @@ class Workers {
   }
 
   // The next message to `worker` within `within`, or nothing (no assertion: for worker threads).
-  std::optional<ps::Message> take(int worker, std::chrono::duration<double> within = 10s) {
+  std::optional<ps::Message> take(int worker, std::chrono::duration<double> within = 60s) {
     Inbox& inbox = inboxes_[static_cast<size_t>(worker)];
     std::unique_lock lock(inbox.mutex);
     if (!inbox.ready.wait_for(lock, within, [&] { return !inbox.messages.empty(); })) return std::nullopt;
@@ -78,7 +89,7 @@ class Workers {
   }
 
   // The next message to `worker`, waiting up to `within`; fails the test when none comes.
-  ps::Message next(int worker, std::chrono::duration<double> within = 10s) {
+  ps::Message next(int worker, std::chrono::duration<double> within = 60s) {
     Inbox& inbox = inboxes_[static_cast<size_t>(worker)];
     std::unique_lock lock(inbox.mutex);
     const bool arrived = inbox.ready.wait_for(lock, within, [&] { return !inbox.messages.empty(); });
@@ -88,7 +99,7 @@ class Workers {
     return message;
   }
   template <class T>
-  T next_as(int worker, std::chrono::duration<double> within = 10s) {
+  T next_as(int worker, std::chrono::duration<double> within = 60s) {
     ps::Message message = next(worker, within);
     std::string detail = ps::message_name(message);
     if (auto* error = std::get_if<ps::ErrorReply>(&message)) detail += ": " + error->message;
@@ -109,6 +120,7 @@ class Workers {
     std::deque<ps::Message> messages;
   };
   int servers_;
+  int workers_;
   std::unique_ptr<ps::Transport> transport_;
   std::unique_ptr<Inbox[]> inboxes_;
 };
@@ -553,9 +565,10 @@ std::string worker_loop(Workers& cluster, int w, int steps, fl::TrainingMode mod
 }
 
 // Runs `workers` worker threads of `steps` steps against one server; returns its stats and value.
-std::pair<fl::ServerStats, std::vector<double>> run_threads(ps::ServerConfig c, int steps) {
+std::pair<fl::ServerStats, std::vector<double>> run_threads(ps::ServerConfig c, int steps,
+                                                            std::chrono::duration<double> message_delay = {}) {
   const int workers = c.num_workers;
-  Workers cluster(1, workers);
+  Workers cluster(1, workers, message_delay);
   ps::ShardServer server(c, place(1, {{{2}, fl::f32}}), cluster.transport());
   server.seed({fl::zeros({2})});
   server.start();
@@ -607,6 +620,29 @@ TEST_CASE("threads, bounded staleness k = 2: every push applied, none staler tha
   CHECK(stats.max_staleness <= 2);
   CHECK(sum(stats.staleness_histogram) == 120);
   CHECK(value == std::vector<double>{-120, -120});
+}
+
+TEST_CASE("threads over a transport that delays every message 1 ms (a delivery thread per endpoint)") {
+  SUBCASE("async") {
+    const auto [stats, value] = run_threads(config(3, fl::TrainingMode::async, sgd(1.0)), 20, 1ms);
+    CHECK(stats.updates_applied == 60);
+    CHECK(value == std::vector<double>{-60, -60});
+  }
+  SUBCASE("sync with a backup") {
+    ps::ServerConfig c = config(3, fl::TrainingMode::sync, sgd(1.0));
+    c.backup_workers = 1;
+    const auto [stats, value] = run_threads(c, 20, 1ms);
+    CHECK(stats.updates_applied + stats.updates_dropped == 60);
+    CHECK(value == std::vector<double>{-static_cast<double>(stats.steps), -static_cast<double>(stats.steps)});
+  }
+  SUBCASE("bounded staleness k = 1") {
+    ps::ServerConfig c = config(3, fl::TrainingMode::bounded_staleness, sgd(1.0));
+    c.staleness = 1;
+    const auto [stats, value] = run_threads(c, 20, 1ms);
+    CHECK(stats.updates_applied == 60);
+    CHECK(stats.max_staleness <= 1);
+    CHECK(value == std::vector<double>{-60, -60});
+  }
 }
 
 TEST_CASE("fuzz: 500 pushes with random bytes changed never crash the server, which keeps serving") {

@@ -861,3 +861,21 @@ TEST_CASE("ps ops: a step traced with one worker client refuses to run once that
   CHECK(same(x * w, {7, 8}, {2}));  // eagerly, the current client
   client.finish();
 }
+
+TEST_CASE("errors: bytes that are no message, and a reply of the wrong shape, are DataLoss") {
+  const auto placements = place(1, {{"w", {3, 2}}});
+  FakeCluster cluster(1, 1, placements, {table({3, 2}, 0)});
+  ps::WorkerClient client(config(1), placements, cluster.transport());
+  client.start();
+  // Garbage from the server's endpoint: nobody can tell which pull it was for, so the next call fails.
+  cluster.transport().send(0, 1, ps::Bytes{std::byte{1}, std::byte{2}, std::byte{3}});
+  test::check_throws<fl::DataLoss>([&] { rethrow(pull(client, 0)); });
+  CHECK_FALSE(pull(client, 0).error);
+  // A reply whose tensor is not the piece asked for fails that pull.
+  cluster.set_script([](int, const ps::Message& m) -> std::optional<ps::Message> {
+    if (const auto* p = std::get_if<ps::PullRequest>(&m)) return ps::PullReply{p->request_id, 0, fl::zeros({2, 3})};
+    return std::nullopt;
+  });
+  test::check_throws<fl::DataLoss>([&] { rethrow(pull(client, 0)); }, {"'w'", "server 0", "[2, 3]", "[3, 2]"});
+  client.finish();
+}

@@ -41,7 +41,8 @@ fl::ParameterServerStrategy::OptimizerFactory sgd(double lr) {
   return [lr] { return std::make_unique<fl::optim::SGD>(lr); };
 }
 
-fl::Variable server_variable(const fl::ParameterServerStrategy& ps, const fl::Tensor& initial, const std::string& name) {
+fl::Variable server_variable(const fl::ParameterServerStrategy& ps, const fl::Tensor& initial,
+                             const std::string& name) {
   auto scope = ps.scope();
   return fl::Variable(initial, name);
 }
@@ -67,9 +68,12 @@ void check_same_everywhere(const std::vector<double>& values, const char* what) 
 
 // Every counter of the run as numbers (the step times too), to compare across processes.
 std::vector<double> fingerprint(const fl::ParameterServerStats& s) {
-  std::vector<double> f = {static_cast<double>(static_cast<int>(s.mode)), static_cast<double>(s.updates_applied),
-                           static_cast<double>(s.updates_dropped), static_cast<double>(s.max_staleness),
-                           s.wall_seconds, static_cast<double>(s.servers.size()),
+  std::vector<double> f = {static_cast<double>(static_cast<int>(s.mode)),
+                           static_cast<double>(s.updates_applied),
+                           static_cast<double>(s.updates_dropped),
+                           static_cast<double>(s.max_staleness),
+                           s.wall_seconds,
+                           static_cast<double>(s.servers.size()),
                            static_cast<double>(s.workers.size())};
   for (int64_t h : s.staleness_histogram) f.push_back(static_cast<double>(h));
   for (const fl::ServerStats& v : s.servers) {
@@ -268,4 +272,23 @@ TEST_CASE("mpi parameter servers: processes that disagree on the variables are r
   CHECK(test::check_throws<fl::InvalidArgument>([&] { ps.run(sgd(1.0), counter_worker(c, 1)); },
                                                 {"disagree", "server variables"}));
   CHECK(test::values(c.value())[0] == 0.0);
+}
+
+TEST_CASE("mpi parameter servers: options.server_processes picks the serving processes") {
+  // The last processes serve; the first two work, in process order.
+  fl::ParameterServerOptions options = options_for(TrainingMode::async);
+  for (int s = 0; s < servers(); ++s) options.server_processes.push_back(kWorkers + s);
+  fl::ParameterServerStrategy ps(options);
+  const int me = fl::process_index();
+  CHECK(ps.is_server() == (me >= kWorkers));
+  CHECK(ps.worker_index() == (me >= kWorkers ? -1 : me));
+  fl::Variable c = server_variable(ps, fl::tensor(std::vector<double>{5, 6, 7, 8}, fl::Shape{4}), "c");
+  int ran_as = -1;
+  const auto stats = ps.run(sgd(1.0), [&](fl::ps::Worker& worker) {
+    ran_as = worker.index();
+    counter_worker(c, 3)(worker);
+  });
+  CHECK(ran_as == ps.worker_index());
+  CHECK(test::values(c.value()) == std::vector<double>{-1, 0, 1, 2});
+  check_same_everywhere(fingerprint(stats), "stats");
 }

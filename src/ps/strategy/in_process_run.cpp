@@ -85,8 +85,8 @@ ParameterServerStats StrategyCore::run_in_process(const WorkerFunction& worker_f
     }
   }
 
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
   for (int s = 0; s < started_servers; ++s) {
     try {
       servers_[static_cast<size_t>(s)]->finish(deadline);

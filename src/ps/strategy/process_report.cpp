@@ -17,7 +17,7 @@ constexpr uint32_t kMagic = 0x52505350;  // "PSPR"
 class Writer {
  public:
   template <class T>
-    requires std::is_trivially_copyable_v<T>
+  requires std::is_trivially_copyable_v<T>
   void put(T value) {
     const auto* p = reinterpret_cast<const std::byte*>(&value);
     bytes_.insert(bytes_.end(), p, p + sizeof(T));
@@ -43,8 +43,7 @@ class Reader {
   explicit Reader(std::span<const std::byte> bytes) : bytes_(bytes) {}
 
   template <class T>
-    requires std::is_trivially_copyable_v<T>
-  T get(const char* field) {
+  requires std::is_trivially_copyable_v<T> T get(const char* field) {
     need(sizeof(T), field);
     T value;
     std::memcpy(&value, bytes_.data() + at_, sizeof(T));
@@ -79,9 +78,10 @@ class Reader {
     if (n > bytes_.size() - at_) fail_at(field, n);
   }
   [[noreturn]] void fail_at(const char* field, uint64_t n) const {
-    fail<DataLoss>("ParameterServerStrategy: a process's end-of-run report is truncated: field '{}' needs {} bytes at "
-                   "offset {}, {} are left",
-                   field, n, at_, bytes_.size() - at_);
+    fail<DataLoss>(
+        "ParameterServerStrategy: a process's end-of-run report is truncated: field '{}' needs {} bytes at "
+        "offset {}, {} are left",
+        field, n, at_, bytes_.size() - at_);
   }
 
   std::span<const std::byte> bytes_;
@@ -176,7 +176,8 @@ Bytes encode_report(const ProcessReport& r) {
 ProcessReport decode_report(std::span<const std::byte> bytes) {
   Reader in(bytes);
   if (const uint32_t magic = in.get<uint32_t>("magic"); magic != kMagic) {
-    fail<DataLoss>("ParameterServerStrategy: a process's end-of-run report starts with {:#x}, not {:#x}", magic, kMagic);
+    fail<DataLoss>("ParameterServerStrategy: a process's end-of-run report starts with {:#x}, not {:#x}", magic,
+                   kMagic);
   }
   ProcessReport r;
   r.wall_seconds = in.get<double>("wall_seconds");

@@ -49,8 +49,8 @@ Tensor collective(Communicator& communicator, CollectiveKind kind, const Tensor&
 std::vector<ProcessReport> exchange_reports(Communicator& communicator, const ProcessReport& mine) {
   const Bytes bytes = encode_report(mine);
   const int64_t size = static_cast<int64_t>(bytes.size());
-  const Tensor sizes = collective(communicator, CollectiveKind::all_gather,
-                                  tensor_from_host(&size, 1, i64, Shape{1}, Device()));
+  const Tensor sizes =
+      collective(communicator, CollectiveKind::all_gather, tensor_from_host(&size, 1, i64, Shape{1}, Device()));
   const std::vector<int64_t> all_sizes = sizes.to_vector<int64_t>();
   const int64_t longest = *std::max_element(all_sizes.begin(), all_sizes.end());
   std::vector<uint8_t> padded(static_cast<size_t>(longest), 0);
@@ -95,8 +95,8 @@ ParameterServerStats StrategyCore::run_processes(const WorkerFunction& worker_fn
   if (role.worker >= 0) {
     WorkerClient client(worker_config(role.worker), placements, *transport_);
     std::atomic<bool> stop{false};
-    WorkerOutcome outcome =
-        run_worker(*this, client, role.worker, options.worker_devices[static_cast<size_t>(role.worker)], stop, worker_fn);
+    WorkerOutcome outcome = run_worker(*this, client, role.worker,
+                                       options.worker_devices[static_cast<size_t>(role.worker)], stop, worker_fn);
     if (client.stopped()) {
       try {
         say_goodbye_for(*transport_, num_servers, role.worker, client.steps());

@@ -105,8 +105,10 @@ void store_values(const std::vector<std::shared_ptr<VariableState>>& states, con
 
 ParameterServerStats combined_stats(TrainingMode mode, double wall_seconds, std::vector<ServerStats> servers,
                                     std::vector<WorkerStats> workers) {
-  std::sort(servers.begin(), servers.end(), [](const ServerStats& a, const ServerStats& b) { return a.server < b.server; });
-  std::sort(workers.begin(), workers.end(), [](const WorkerStats& a, const WorkerStats& b) { return a.worker < b.worker; });
+  std::sort(servers.begin(), servers.end(),
+            [](const ServerStats& a, const ServerStats& b) { return a.server < b.server; });
+  std::sort(workers.begin(), workers.end(),
+            [](const WorkerStats& a, const WorkerStats& b) { return a.worker < b.worker; });
   ParameterServerStats stats;
   stats.mode = mode;
   stats.wall_seconds = wall_seconds;
@@ -134,10 +136,11 @@ void check_processes_agree(Communicator& communicator, const std::vector<int64_t
     reduced.push_back(communicator.run(0, std::move(call)));
   }
   if (reduced[0].to_vector<int64_t>() != facts || reduced[1].to_vector<int64_t>() != facts) {
-    fail<InvalidArgument>("ParameterServerStrategy: the processes disagree on {} (every process must make its "
-                          "strategies with the same options, make the same server variables in the same order, and "
-                          "call run() at the same points); this is process {} of {}",
-                          what, process_index(), process_count());
+    fail<InvalidArgument>(
+        "ParameterServerStrategy: the processes disagree on {} (every process must make its "
+        "strategies with the same options, make the same server variables in the same order, and "
+        "call run() at the same points); this is process {} of {}",
+        what, process_index(), process_count());
   }
 }
 

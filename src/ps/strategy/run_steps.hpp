@@ -16,8 +16,8 @@ namespace flowlet::detail::ps {
 
 // How one worker's run went.
 struct WorkerOutcome {
-  WorkerStats stats;          // the client's counters, with the worker's index, stopped and error
-  std::exception_ptr error;   // what its function threw, unless fault injection stopped it
+  WorkerStats stats;         // the client's counters, with the worker's index, stopped and error
+  std::exception_ptr error;  // what its function threw, unless fault injection stopped it
 };
 
 // Runs `worker_fn` as worker `index` on this thread: starts `client`, makes the worker's scopes
@@ -53,8 +53,7 @@ void check_processes_agree(Communicator& communicator, const std::vector<int64_t
 class FactHash {
  public:
   template <class T>
-    requires std::is_trivially_copyable_v<T>
-  FactHash& add(const T& value) {
+  requires std::is_trivially_copyable_v<T> FactHash& add(const T& value) {
     const auto* p = reinterpret_cast<const unsigned char*>(&value);
     for (size_t i = 0; i < sizeof(T); ++i) hash_ = (hash_ ^ p[i]) * 1099511628211ull;
     return *this;

@@ -45,9 +45,9 @@ std::string ParameterServerStats::summary() const {
     } else if (w.stopped) {
       status = "stopped";
     }
-    out += fmt::format("{:>6} {:>8} {} {:>9} {:>9} {:>8} {:>8}  {}\n", w.worker, w.steps, step_times(w.step_seconds),
-                       w.messages_received, w.messages_sent, megabytes(w.bytes_received), megabytes(w.bytes_sent),
-                       status);
+    out +=
+        fmt::format("{:>6} {:>8} {} {:>9} {:>9} {:>8} {:>8}  {}\n", w.worker, w.steps, step_times(w.step_seconds),
+                    w.messages_received, w.messages_sent, megabytes(w.bytes_received), megabytes(w.bytes_sent), status);
   }
   out += "staleness histogram:";
   if (staleness_histogram.empty()) out += " (no updates applied)";

@@ -51,9 +51,10 @@ void check_devices(const std::vector<Device>& devices, int expected, const char*
   }
   for (size_t i = 0; i < devices.size(); ++i) {
     if (devices[i].kind() != DeviceKind::cpu) {
-      fail<DeviceError>("{}: options.{}[{}] must be a CPU device (servers and workers run on logical CPU devices); "
-                        "got {}",
-                        kWho, field, i, devices[i]);
+      fail<DeviceError>(
+          "{}: options.{}[{}] must be a CPU device (servers and workers run on logical CPU devices); "
+          "got {}",
+          kWho, field, i, devices[i]);
     }
     check_device_exists(kWho, devices[i]);
   }
@@ -71,9 +72,10 @@ void check_faults(const FaultInjection& f, int num_workers, bool processes) {
       break;
     case StepDelay::Kind::log_normal:
       if (!(d.seconds > 0) || !std::isfinite(d.seconds) || !(d.sigma >= 0) || !std::isfinite(d.sigma)) {
-        fail<InvalidArgument>("{}: a log-normal step delay needs a median > 0 and a sigma >= 0; got median {} and "
-                              "sigma {}",
-                              kWho, d.seconds, d.sigma);
+        fail<InvalidArgument>(
+            "{}: a log-normal step delay needs a median > 0 and a sigma >= 0; got median {} and "
+            "sigma {}",
+            kWho, d.seconds, d.sigma);
       }
       break;
     case StepDelay::Kind::straggler:
@@ -93,9 +95,10 @@ void check_faults(const FaultInjection& f, int num_workers, bool processes) {
     fail<InvalidArgument>("{}: faults.message_delay_seconds must be >= 0; got {}", kWho, f.message_delay_seconds);
   }
   if (processes && f.message_delay_seconds > 0) {
-    fail<InvalidArgument>("{}: faults.message_delay_seconds works only in the in-process cluster (MPI carries the "
-                          "processes' messages); got {} under mpirun",
-                          kWho, f.message_delay_seconds);
+    fail<InvalidArgument>(
+        "{}: faults.message_delay_seconds works only in the in-process cluster (MPI carries the "
+        "processes' messages); got {} under mpirun",
+        kWho, f.message_delay_seconds);
   }
   std::set<int> stopped;
   for (const auto& [worker, step] : f.stop_worker_at_step) {
@@ -104,8 +107,8 @@ void check_faults(const FaultInjection& f, int num_workers, bool processes) {
                             num_workers);
     }
     if (step < 1) {
-      fail<InvalidArgument>("{}: faults.stop_worker_at_step: worker {} must stop at a step >= 1; got {}", kWho,
-                            worker, step);
+      fail<InvalidArgument>("{}: faults.stop_worker_at_step: worker {} must stop at a step >= 1; got {}", kWho, worker,
+                            step);
     }
     if (!stopped.insert(worker).second) {
       fail<InvalidArgument>("{}: faults.stop_worker_at_step names worker {} twice", kWho, worker);
@@ -121,15 +124,17 @@ ParameterServerOptions resolved_options(ParameterServerOptions o) {
   if (processes) {
     const int count = process_count();
     if (count <= o.num_servers) {
-      fail<InvalidArgument>("{}: a cluster of processes needs more processes than servers (every other process "
-                            "works); got {} servers in a job of {} processes{}",
-                            kWho, o.num_servers, count, count == 1 ? " (run it under mpirun -np S+W)" : "");
+      fail<InvalidArgument>(
+          "{}: a cluster of processes needs more processes than servers (every other process "
+          "works); got {} servers in a job of {} processes{}",
+          kWho, o.num_servers, count, count == 1 ? " (run it under mpirun -np S+W)" : "");
     }
     const int workers = count - o.num_servers;
     if (o.num_workers != 0 && o.num_workers != workers) {
-      fail<InvalidArgument>("{}: under mpirun every process that does not serve works, so options.num_workers must be "
-                            "0 or {} ({} processes - {} servers); got {}",
-                            kWho, workers, count, o.num_servers, o.num_workers);
+      fail<InvalidArgument>(
+          "{}: under mpirun every process that does not serve works, so options.num_workers must be "
+          "0 or {} ({} processes - {} servers); got {}",
+          kWho, workers, count, o.num_servers, o.num_workers);
     }
     o.num_workers = workers;
     if (o.server_processes.empty()) {
@@ -166,13 +171,14 @@ ParameterServerOptions resolved_options(ParameterServerOptions o) {
                             static_cast<int>(o.mode));
   }
   if (o.backup_workers < 0 || o.backup_workers >= o.num_workers) {
-    fail<InvalidArgument>("{}: options.backup_workers must be in [0, num_workers) = [0, {}) (a step needs at least one "
-                          "push); got {}",
-                          kWho, o.num_workers, o.backup_workers);
+    fail<InvalidArgument>(
+        "{}: options.backup_workers must be in [0, num_workers) = [0, {}) (a step needs at least one "
+        "push); got {}",
+        kWho, o.num_workers, o.backup_workers);
   }
   if (o.backup_workers > 0 && o.mode != TrainingMode::sync) {
-    fail<InvalidArgument>("{}: options.backup_workers applies to sync mode only; got {} backup workers in {} mode", kWho,
-                          o.backup_workers, to_string(o.mode));
+    fail<InvalidArgument>("{}: options.backup_workers applies to sync mode only; got {} backup workers in {} mode",
+                          kWho, o.backup_workers, to_string(o.mode));
   }
   if (o.staleness < 0) fail<InvalidArgument>("{}: options.staleness must be >= 0; got {}", kWho, o.staleness);
   if (o.sharding.min_bytes_to_split < 0) {
@@ -292,32 +298,38 @@ std::unique_ptr<optim::Optimizer> StrategyCore::make_optimizer() {
 void StrategyCore::prepare_servers(const std::vector<VariablePlacement>& placements) {
   if (served_) {
     if (placements.size() != served_variables_) {
-      fail<InvalidArgument>("{}::run: {} server variables were made after the first run() (the servers serve the {} "
-                            "made before it); make every variable in scope() before the first run(), or use a new "
-                            "strategy",
-                            kWho, placements.size() - served_variables_, served_variables_);
+      fail<InvalidArgument>(
+          "{}::run: {} server variables were made after the first run() (the servers serve the {} "
+          "made before it); make every variable in scope() before the first run(), or use a new "
+          "strategy",
+          kWho, placements.size() - served_variables_, served_variables_);
     }
     return;
   }
-  served_ = true;
-  served_variables_ = placements.size();
+  // All or nothing: a server that cannot be made leaves none made (the next run tries again).
+  std::vector<std::unique_ptr<ShardServer>> made(static_cast<size_t>(options.num_servers));
   for (int s = 0; s < options.num_servers; ++s) {
     if (role.in_process || s == role.server) {
-      servers_[static_cast<size_t>(s)] = std::make_unique<ShardServer>(server_config(s), placements, *transport_);
+      made[static_cast<size_t>(s)] = std::make_unique<ShardServer>(server_config(s), placements, *transport_);
     }
   }
+  servers_ = std::move(made);
+  served_ = true;
+  served_variables_ = placements.size();
 }
 
 ParameterServerStats StrategyCore::run(const OptimizerFactory& make_optimizer, const WorkerFunction& worker_fn) {
   if (!make_optimizer) fail<InvalidArgument>("{}::run: make_optimizer is an empty function", kWho);
   if (!worker_fn) fail<InvalidArgument>("{}::run: worker_fn is an empty function", kWho);
   if (is_tracing()) {
-    fail<InvalidArgument>("{}::run: called while a function is being traced; call run() from eager code (a worker's "
-                          "step may be traced inside worker_fn)",
-                          kWho);
+    fail<InvalidArgument>(
+        "{}::run: called while a function is being traced; call run() from eager code (a worker's "
+        "step may be traced inside worker_fn)",
+        kWho);
   }
   if (const WorkerContext* worker = current_worker(); worker != nullptr) {
-    fail<InvalidArgument>("{}::run: called inside a worker function (worker {})", kWho, worker->client->config().worker);
+    fail<InvalidArgument>("{}::run: called inside a worker function (worker {})", kWho,
+                          worker->client->config().worker);
   }
   {
     // A factory that cannot make an optimizer fails here, on every process, before anything starts.
@@ -356,9 +368,10 @@ int32_t StrategyCore::id_of(const Variable& variable, const char* function) cons
   if (!variable.defined()) fail<InvalidArgument>("{}::{}: the variable is an empty handle", kWho, function);
   const int32_t id = variables->id_of(*VariableAccess::state(variable));
   if (id < 0) {
-    fail<InvalidArgument>("{}::{}: variable '{}' is not a server variable of this strategy (make it inside its "
-                          "scope())",
-                          kWho, function, variable.name());
+    fail<InvalidArgument>(
+        "{}::{}: variable '{}' is not a server variable of this strategy (make it inside its "
+        "scope())",
+        kWho, function, variable.name());
   }
   return id;
 }
@@ -379,9 +392,10 @@ std::vector<const optim::Optimizer*> StrategyCore::optimizers(const Variable& va
   // its own run to end).
   std::unique_lock run_lock(run_mutex_, std::try_to_lock);
   if (!run_lock.owns_lock()) {
-    fail<InvalidArgument>("{}::optimizers: a run() is in progress; the servers' optimizers change while it lasts "
-                          "(ask after it returned)",
-                          kWho);
+    fail<InvalidArgument>(
+        "{}::optimizers: a run() is in progress; the servers' optimizers change while it lasts "
+        "(ask after it returned)",
+        kWho);
   }
   if (static_cast<size_t>(id) >= served_variables_) return result;
   const VariablePlacement p = variables->placements()[static_cast<size_t>(id)];
