@@ -1007,6 +1007,9 @@ const std::map<std::string, std::string> kWithoutRow = {
     {"print", "writes to stderr and returns its input (test_trace)"},
     {"host_callback", "returns nothing; calls host code (test_trace)"},
     {"barrier", "returns nothing and takes no tensor (test_collective_ops)"},
+    {"ps_pull", "a parameter-server worker's read; needs a WorkerClient and servers (test_ps_worker)"},
+    {"ps_lookup", "a parameter-server worker's row gather; needs a WorkerClient and servers (test_ps_worker)"},
+    {"ps_push", "a parameter-server worker's push; returns nothing, needs a WorkerClient (test_ps_worker)"},
 };
 
 struct Outcome {

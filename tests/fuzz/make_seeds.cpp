@@ -1,5 +1,6 @@
-// Writes the seed corpora of the fuzz targets from real files: checkpoints saved by flowlet, and the
-// first examples of Debian's Fashion-MNIST test split. Run from the source root after building:
+// Writes the seed corpora of the fuzz targets from real files: checkpoints saved by flowlet, the
+// first examples of Debian's Fashion-MNIST test split, and parameter-server messages as flowlet
+// encodes them. Run from the source root after building:
 //   build/fuzz/tests/fuzz/make_fuzz_seeds tests/fuzz/corpus [/usr/share/datasets/fashion-mnist]
 #include <zlib.h>
 
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include <flowlet/flowlet.hpp>
+
+#include "ps/wire/messages.hpp"
 
 namespace fl = flowlet;
 using Bytes = std::vector<uint8_t>;
@@ -100,5 +103,28 @@ int main(int argc, char** argv) {
   write(idx / "two_gzip", pair_input(gzip(first_examples(images, 2)), gzip(first_examples(labels, 2))));
   write(idx / "one_mixed", pair_input(gzip(first_examples(images, 1)), first_examples(labels, 1)));
   write(idx / "none_plain", pair_input(first_examples(images, 0), first_examples(labels, 0)));
+
+  // Parameter-server messages: one of each kind, tensors of several dtypes and ranks.
+  namespace ps = fl::detail::ps;
+  const auto messages = corpus / "ps_message";
+  std::filesystem::create_directories(messages);
+  ps::Push push{1, 7, 6, {}};
+  push.entries.push_back({0, fl::Tensor(), fl::tensor(std::vector<float>{0.5f, -1, 2, 4}, {2, 2})});
+  push.entries.push_back({2, fl::tensor(std::vector<int64_t>{3, 0}, {2}), fl::full({2, 3}, 0.25, fl::bf16)});
+  const std::vector<std::pair<std::string, ps::Message>> seeds = {
+      {"pull_request", ps::PullRequest{1, 0, 4, 2, 3}},
+      {"sparse_pull_request", ps::SparsePullRequest{2, 1, 5, 3, 0, fl::tensor(std::vector<int64_t>{9, 1, 4}, {3})}},
+      {"pull_reply_f64", ps::PullReply{3, 8, fl::tensor(std::vector<double>{1, -2, 3.5}, {3, 1})}},
+      {"pull_reply_b8_scalar", ps::PullReply{4, 0, fl::scalar(true)}},
+      {"pull_reply_empty_f16", ps::PullReply{5, 1, fl::zeros({0, 4}, fl::f16)}},
+      {"push", push},
+      {"goodbye", ps::Goodbye{3, 100}},
+      {"error_reply", ps::ErrorReply{6, ps::ErrorCode::invalid_argument, "push: var 9 is not held here"}},
+  };
+  for (const auto& [name, message] : seeds) {
+    const ps::Bytes bytes = ps::encode(message);
+    std::ofstream(messages / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -26,6 +27,13 @@ std::set<MpiCommunicator*>& live() {
   static auto* communicators = new std::set<MpiCommunicator*>;
   return *communicators;
 }
+
+// Exit hooks by id (ids grow, so the map's order is the registration order).
+std::map<int, std::function<void()>>& exit_hooks() {
+  static auto* hooks = new std::map<int, std::function<void()>>;
+  return *hooks;
+}
+int next_exit_hook = 0;  // under live_mutex()
 
 const char* thread_level_name(int level) {
   switch (level) {
@@ -57,6 +65,12 @@ void terminate_with_abort() {
 }
 
 void finalize_at_exit() {
+  std::map<int, std::function<void()>> hooks;
+  {
+    std::lock_guard lock(live_mutex());
+    hooks = exit_hooks();
+  }
+  for (auto& [id, hook] : hooks) hook();  // unlocked: a hook unregisters itself
   std::set<MpiCommunicator*> communicators;
   {
     std::lock_guard lock(live_mutex());
@@ -141,6 +155,18 @@ void register_live_communicator(MpiCommunicator* communicator) {
 void unregister_live_communicator(MpiCommunicator* communicator) {
   std::lock_guard lock(live_mutex());
   live().erase(communicator);
+}
+
+int register_exit_hook(std::function<void()> hook) {
+  std::lock_guard lock(live_mutex());
+  const int id = next_exit_hook++;
+  exit_hooks().emplace(id, std::move(hook));
+  return id;
+}
+
+void unregister_exit_hook(int id) {
+  std::lock_guard lock(live_mutex());
+  exit_hooks().erase(id);
 }
 
 }  // namespace flowlet::detail

@@ -20,6 +20,7 @@
 // by the launcher (mpirun), which ends the job.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace flowlet::detail {
@@ -39,5 +40,12 @@ bool mpi_usable();
 // The communicators the exit handler must shut down.
 void register_live_communicator(MpiCommunicator* communicator);
 void unregister_live_communicator(MpiCommunicator* communicator);
+
+// Anything else that uses MPI until it is destroyed (the parameter servers' transport) registers a
+// hook that shuts it down; the exit handler runs the hooks still registered, in registration
+// order, before it shuts down the communicators and finalizes MPI. A hook may unregister itself.
+// register_exit_hook returns the id to unregister with.
+int register_exit_hook(std::function<void()> hook);
+void unregister_exit_hook(int id);
 
 }  // namespace flowlet::detail

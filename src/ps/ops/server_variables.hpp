@@ -33,7 +33,8 @@
 namespace flowlet::detail::ps {
 
 // One strategy's server variables. Every one of them carries (VariableState::remote) a pointer to
-// this object, which decides per thread what a read means:
+// this object (a small forwarding hook holding it weakly, since this object holds the states: once
+// it is gone the variables are plain local ones), which decides per thread what a read means:
 //   - on a thread whose current_worker() belongs to this strategy (`strategy` identity): read()
 //     returns ps_pull's result, gather() ps_lookup's rows gathered back by `inverse` and reshaped to
 //     ids.shape + row shape (noting the pulled rows on active tapes as the variable's read, and

@@ -22,10 +22,14 @@
 //         accumulator (one push per worker per step: a second one from the same worker is dropped);
 //         when num_workers - backup_workers pushes are in (or, once fewer workers are live than
 //         that, every live worker's), each variable's gradients are averaged over the pushes that
-//         carried them and applied once, version += 1, and parked pulls are answered.
+//         carried them and applied once, version += 1, and parked pulls are answered. Late and
+//         duplicate pushes get no reply (the worker learns the version from its next pull); once
+//         every worker has said goodbye, pushes already in the step make a last step (none is lost).
 //     "Applied": optimizer.apply({grad}, {piece variable}) for a dense entry; for a sparse entry
 //     the optimizer's update on the gathered rows of the piece and of its slots, scattered back
-//     (optim_access.hpp).
+//     (optimizer_access.hpp). How a sync step averages sparse and mixed entries: step_gradients.hpp.
+//     A push that cannot be taken (a worker that said goodbye, a read_version above the server's,
+//     a variable twice, bounded staleness: a clock that does not grow) is a bad push too.
 //   - Goodbye: the worker is no longer live (sync and bounded stop waiting for it); when every
 //     worker has said goodbye the server's run ends.
 #pragma once
@@ -79,7 +83,8 @@ class ShardServer {
 
   // After finish(): this server's piece of placements[i] (empty Tensor where it holds none).
   std::vector<Tensor> piece_values() const;
-  // The optimizer of placements[i]'s piece here (null where none, or before the first push).
+  // The optimizer of the piece of variable `var_id` here (null where none, or before the first
+  // seed(): the optimizer is made when its piece is first seeded).
   const optim::Optimizer* optimizer(int32_t var_id) const;
   ServerStats stats() const;  // the run's counters (bytes: from the transport)
 

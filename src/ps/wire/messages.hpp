@@ -10,6 +10,11 @@
 // kind's fields in the order of the structs below. A Tensor is u8 dtype, u8 rank, rank x i64 dims,
 // then numel x dtype_size bytes (contiguous, row-major; a CPU tensor on decode). A string is u32
 // length then bytes. A vector is u32 count then its elements.
+//
+// Added by the wire part (compatible): an undefined Tensor (a default-constructed handle, e.g. the
+// `rows` of a dense PushEntry) is the dtype byte kNoTensor and rank 0, and decodes to an undefined
+// Tensor; a rank above kMaxWireRank is malformed (the checkpoint reader's limit too). The kinds are
+// numbered 1.. in the order of the Message variant's alternatives; the format version is 1.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +29,12 @@
 namespace flowlet::detail::ps {
 
 using Bytes = std::vector<std::byte>;
+
+inline constexpr uint8_t kNoTensor = 0xff;  // the dtype byte of an undefined Tensor
+inline constexpr int kMaxWireRank = 64;     // the most dimensions a tensor on the wire may have
+// encode() reserves this much capacity beyond the message, so that a transport can append its
+// frame (the MPI transport's 8-byte endpoint trailer) without reallocating and copying the message.
+inline constexpr size_t kFrameSpare = 8;
 
 // Worker -> server: the server's rows of variable var_id, once the server's version is at least
 // min_version (sync) and the worker may read (bounded staleness: `clock` is how many steps the
