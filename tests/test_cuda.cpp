@@ -342,9 +342,11 @@ TEST_CASE("every kAnyDevice op serves each backend of the build with its CPU ker
       CHECK_FALSE(borrows_cpu_kernel);  // a shared kernel says so with the flag
     }
   }
-  // The views, the variable read and update, send and recv, print and host_callback, and the five
-  // collectives (their kernel calls the communicator, which serves its participant's device).
-  CHECK(any_device == 14);
+  // The views, the variable read and update, send and recv, print and host_callback, the five
+  // collectives (their kernel calls the communicator, which serves its participant's device) and
+  // the three parameter-server ops (ps_pull, ps_lookup, ps_push: their kernels call the worker's
+  // client, which moves host bytes and puts pulled values on the worker's device).
+  CHECK(any_device == 17);
 }
 
 TEST_CASE("the graph-only ops of a traced training step run on CUDA in a build with CUDA; fused_elementwise stays on the CPU") {
