@@ -20,6 +20,7 @@
 #include "ps/transport/transport.hpp"
 #include "ps/wire/messages.hpp"
 #include "ps/worker/worker_client.hpp"
+#include "runtime/thread_pool.hpp"
 #include "state/mirrored_variable.hpp"
 #include "support/reference.hpp"
 
@@ -28,6 +29,11 @@ namespace ps = flowlet::detail::ps;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// Two threads (one pool worker besides the caller), whatever the environment says, before the pool
+// starts: the budget where one worker's step delay holding a pool thread would stall another
+// in-process worker ("a straggler's delay in a traced step holds no pool thread").
+const bool threads_configured = [] { return setenv("FLOWLET_NUM_THREADS", "2", /*overwrite=*/1) == 0; }();
 
 const bool devices_ready = (fl::set_logical_cpu_devices(4), true);
 
@@ -553,6 +559,77 @@ TEST_CASE("faults: log-normal delays have the configured median; a straggler tak
   }
 }
 
+TEST_CASE("faults: push_async returns at once; the delayed push leaves when its delay ends, before later pulls") {
+  const auto placements = place(2, {{"a", {2}}, {"b", {2}}});
+  FakeCluster cluster(2, 1, placements, {table({2}, 0), table({2}, 10)});
+  auto c = config(2);
+  c.faults.step_delay = fl::StepDelay::constant(0.1);
+  ps::WorkerClient client(c, placements, cluster.transport());
+  client.start();
+  std::mutex mutex;
+  std::vector<double> sent_after(2, -1);
+  const auto start = Clock::now();
+  for (int server = 0; server < 2; ++server) {
+    client.push_async(server, {}, [&, server](std::exception_ptr error) {
+      CHECK(!error);
+      std::lock_guard lock(mutex);
+      sent_after[static_cast<size_t>(server)] = std::chrono::duration<double>(Clock::now() - start).count();
+    });
+  }
+  CHECK(std::chrono::duration<double>(Clock::now() - start).count() < 0.05);  // nothing slept here
+  CHECK(client.steps() == 1);
+  CHECK(cluster.received(0).empty());  // waiting for the delay
+  // Issued after the delayed pushes: sent after them, with the clock they set.
+  const Result b = pull(client, 1);
+  rethrow(b);
+  CHECK(same(b.value, {10, 11}, {2}));
+  const double pulled_after = std::chrono::duration<double>(Clock::now() - start).count();
+  CHECK(pulled_after >= 0.1);
+  {
+    std::lock_guard lock(mutex);
+    for (double t : sent_after) {
+      CHECK(t >= 0.1);
+      CHECK(t < 0.1 + 0.3);
+    }
+  }
+  const std::vector<ps::Message> got = cluster.received(1);
+  REQUIRE(got.size() == 2);
+  CHECK(std::holds_alternative<ps::Push>(got[0]));
+  REQUIRE(std::holds_alternative<ps::PullRequest>(got[1]));
+  CHECK(std::get<ps::PullRequest>(got[1]).clock == 1);
+  REQUIRE(cluster.received_of<ps::Push>(0).size() == 1);
+  // A refused push_async reports through done and throws nothing.
+  std::exception_ptr refused;
+  client.push_async(5, {}, [&](std::exception_ptr e) { refused = e; });
+  test::check_throws<fl::InvalidArgument>([&] { std::rethrow_exception(refused); }, {"server 5"});
+  // finish() lets a queued push leave before its Goodbye.
+  client.push_async(0, {}, [](std::exception_ptr e) { CHECK(!e); });
+  client.push_async(1, {}, [](std::exception_ptr e) { CHECK(!e); });
+  client.finish();
+  const std::vector<ps::Message> last = cluster.received(0);
+  REQUIRE(last.size() == 3);
+  CHECK(std::get<ps::Push>(last[1]).clock == 2);
+  CHECK(std::holds_alternative<ps::Goodbye>(last[2]));
+  CHECK(client.stats().steps == 2);
+}
+
+TEST_CASE("faults: destroying a client with a delayed push queued fails the push with Cancelled, sends nothing") {
+  const auto placements = place(1, {{"a", {2}}});
+  FakeCluster cluster(1, 1, placements, {table({2}, 0)});
+  auto c = config(1);
+  c.faults.step_delay = fl::StepDelay::constant(5.0);
+  std::exception_ptr late;
+  const auto start = Clock::now();
+  {
+    ps::WorkerClient client(c, placements, cluster.transport());
+    client.start();
+    client.push_async(0, {}, [&late](std::exception_ptr e) { late = e; });
+  }
+  CHECK(std::chrono::duration<double>(Clock::now() - start).count() < 1.0);
+  test::check_throws<fl::Cancelled>([&] { std::rethrow_exception(late); }, {"worker 0"});
+  CHECK(cluster.received(0).empty());
+}
+
 TEST_CASE("client: calls before start() and after finish() are errors; destruction cancels pending pulls") {
   const auto placements = place(1, {{"w", {2}}});
   FakeCluster cluster(1, 1, placements, {table({2}, 0)});
@@ -878,4 +955,92 @@ TEST_CASE("errors: bytes that are no message, and a reply of the wrong shape, ar
   });
   test::check_throws<fl::DataLoss>([&] { rethrow(pull(client, 0)); }, {"'w'", "server 0", "[2, 3]", "[3, 2]"});
   client.finish();
+}
+
+TEST_CASE("faults: a straggler's delay in a traced step holds no pool thread; the other worker keeps its pace") {
+  // Two in-process workers trace a step that reads a server variable and pushes. Worker 0's steps
+  // are delayed 50 ms (its computing time); worker 1's are not. The ps_push nodes run on the shared
+  // thread pool, which has a single worker thread here: if worker 0's delay held it, worker 1
+  // would do about one step per worker 0 step (seen: 3 or 4 steps).
+  (void)threads_configured;
+  REQUIRE(fd::thread_budget() == 2);
+  auto vars = std::make_shared<ps::ServerVariables>(&strategy_identity, 1, fl::ShardingPolicy{});
+  fl::Variable w(fl::zeros({4}), "w");
+  vars->add(vars, fd::VariableAccess::state(w));
+  const auto placements = vars->placements();
+  // Replies 1 ms late, on the transport's delivery thread: a node that waited for one continues on
+  // the pool (an immediate reply would let each worker's own thread run its whole step).
+  FakeCluster cluster(1, 2, placements, {table({4}, 1)}, 0.001);
+  auto c0 = config(1, 2, 0);
+  c0.faults.step_delay = fl::StepDelay::constant(0.05);
+  ps::WorkerClient slow(c0, placements, cluster.transport());
+  ps::WorkerClient fast(config(1, 2, 1), placements, cluster.transport());
+  slow.start();
+  fast.start();
+
+  const fl::Tensor x = table({4}, 0);
+  std::atomic<int> traced_workers{0};
+  std::atomic<bool> slow_finished{false};
+  double slow_seconds = 0;
+  int fast_steps = 0;
+  auto run_worker = [&](ps::WorkerClient& client, bool is_slow) {
+    ps::WorkerContext context{&client, &strategy_identity};
+    ps::WorkerScope scope(&context);
+    auto traced = fl::trace([&](fl::Tensor input) {
+      fl::GradientTape tape;
+      fl::Tensor loss = fl::sum(input * w);
+      vars->push(tape.gradient(loss, {w}), std::vector<fl::Variable>{w});
+      return loss;
+    });
+    CHECK(same(traced(x), {0 * 1 + 1 * 2 + 2 * 3 + 3 * 4}, {}));  // traced and run once
+    ++traced_workers;
+    const auto ready_by = Clock::now() + std::chrono::seconds(20);
+    while (traced_workers.load() < 2 && Clock::now() < ready_by) std::this_thread::yield();
+    const auto start = Clock::now();
+    if (is_slow) {
+      for (int i = 0; i < 3; ++i) (void)traced(x);
+      slow_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      slow_finished = true;
+    } else {
+      const auto give_up = start + std::chrono::seconds(20);
+      while (!slow_finished.load() && Clock::now() < give_up) {
+        (void)traced(x);
+        ++fast_steps;
+      }
+    }
+  };
+  std::thread slow_thread([&] { run_worker(slow, true); });
+  std::thread fast_thread([&] { run_worker(fast, false); });
+  slow_thread.join();
+  fast_thread.join();
+  CHECK(slow_seconds >= 0.15);
+  // Unhindered, worker 1 does about 60 steps meanwhile (1 ms per message); when worker 0's delay
+  // held the pool's thread it did 6.
+  CHECK(fast_steps >= 15);
+  MESSAGE("worker 0: 3 steps in ", slow_seconds, " s; worker 1: ", fast_steps, " steps meanwhile");
+  CHECK(slow.steps() == 4);
+  CHECK(fast.steps() == fast_steps + 1);
+  slow.finish();
+  fast.finish();
+  // The transport delivers 1 ms late: wait for both Goodbyes.
+  for (int wait = 0; wait < 400 && cluster.received_of<ps::Goodbye>(0).size() < 2; ++wait) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(cluster.received_of<ps::Goodbye>(0).size() == 2);
+  // Each worker's messages arrive in the order issued: its pushes by clock, and every pull after
+  // the pushes before it (it carries the clock of the pushes already received).
+  for (int worker = 0; worker < 2; ++worker) {
+    int64_t pushes = 0, pulls = 0, out_of_order = 0;
+    for (const ps::Message& m : cluster.received(0)) {
+      if (const auto* push = std::get_if<ps::Push>(&m); push && push->worker == worker) {
+        out_of_order += push->clock != ++pushes;
+      } else if (const auto* p = std::get_if<ps::PullRequest>(&m); p && p->worker == worker) {
+        out_of_order += p->clock != pushes;
+        ++pulls;
+      }
+    }
+    CHECK(out_of_order == 0);
+    CHECK(pushes == (worker == 0 ? slow.steps() : fast.steps()));
+    CHECK(pulls == pushes);  // one pull per step
+  }
 }

@@ -243,7 +243,7 @@ void push_infer(const OpCall& call, OutputSpec& spec) {
   spec.device = attrs.device;
 }
 
-void run_push(const OpCall& call) {
+std::vector<VariableGradient> push_gradients(const OpCall& call) {
   const auto& attrs = call.attrs<PsPushAttrs>();
   check_alive("ps_push", attrs.client, attrs.serial);
   std::vector<VariableGradient> grads;
@@ -253,21 +253,29 @@ void run_push(const OpCall& call) {
     if (e.sparse) g.ids = call.inputs[input++];
     grads.push_back(std::move(g));
   }
-  attrs.client->push(attrs.server, grads);
+  return grads;
 }
 
-void push_kernel(const OpCall& call, std::span<Tensor>) { run_push(call); }
+// Eagerly an injected step delay is waited for on the caller's thread: the worker's own.
+void push_kernel(const OpCall& call, std::span<Tensor>) {
+  const auto& attrs = call.attrs<PsPushAttrs>();
+  attrs.client->push(attrs.server, push_gradients(call));
+}
 
+// In a graph step the node runs on the shared thread pool: an injected step delay (this worker's
+// computing time) must not hold that thread, so the client's timer sends the push when the delay
+// ends and only then completes the node. The next step's pulls, ordered after this node on the
+// client, therefore leave after the push.
 void push_async_kernel(const OpCall& call, std::span<Tensor>, AsyncDone done) {
-  // A push only encodes and hands the message to the transport (and sleeps an injected step
-  // delay, which stands for computing time): it completes here.
-  std::exception_ptr error;
+  const auto& attrs = call.attrs<PsPushAttrs>();
+  std::vector<VariableGradient> grads;
   try {
-    run_push(call);
+    grads = push_gradients(call);
   } catch (...) {
-    error = std::current_exception();
+    done(std::current_exception());
+    return;
   }
-  done(std::move(error));
+  attrs.client->push_async(attrs.server, std::move(grads), [done](std::exception_ptr error) { done(std::move(error)); });
 }
 
 ResourceAccess reads_client(const void* attributes) {

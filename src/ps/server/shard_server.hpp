@@ -22,7 +22,9 @@
 //         accumulator (one push per worker per step: a second one from the same worker is dropped);
 //         when num_workers - backup_workers pushes are in (or, once fewer workers are live than
 //         that, every live worker's), each variable's gradients are averaged over the pushes that
-//         carried them and applied once, version += 1, and parked pulls are answered.
+//         carried them and applied once, version += 1, and parked pulls are answered. Late and
+//         duplicate pushes get no reply (the worker learns the version from its next pull); once
+//         every worker has said goodbye, pushes already in the step make a last step (none is lost).
 //     "Applied": optimizer.apply({grad}, {piece variable}) for a dense entry; for a sparse entry
 //     the optimizer's update on the gathered rows of the piece and of its slots, scattered back
 //     (optimizer_access.hpp). How a sync step averages sparse and mixed entries: step_gradients.hpp.

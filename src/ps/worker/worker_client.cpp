@@ -5,10 +5,20 @@
 // its injected faults, the watchdog thread that fails pulls past the timeout, and the thread's
 // WorkerScope. Replies are decoded on the transport's thread, which completes the pulls.
 //
+// Delays: a step's injected delay stands for that worker's computing time, so it must hold no
+// thread a graph step shares (an async ps_push node runs on the process's thread pool, which every
+// in-process worker needs). A push whose step is delayed, and every message issued after it while
+// it waits (the step's other pushes, later pulls and pushes), goes into the `outbox`: a FIFO whose
+// deadlines never decrease, sent in order by the client's `timer` thread when the front's deadline
+// has come; each push's `done` runs after its message is handed to the transport. So the messages
+// to one server leave in the order they were issued, delayed or not.
+//
 // Locks: `mutex` guards everything the transport, the watchdog and callers share; `step_mutex`
-// serializes pushes (a step's bookkeeping, which may sleep for an injected delay, then the encode
-// and send), so the pushes to one server leave in clock order. Nothing is sent and no `done` is
-// called while `mutex` is held: the in-memory transport may deliver a reply on the sending thread.
+// serializes pushes (a step's bookkeeping, then the encode and the send or the queueing) and
+// guards the outbox, so the pushes to one server leave in clock order. Lock order: step_mutex, then
+// mutex. Nothing is sent and no `done` is called while `mutex` is held (the in-memory transport may
+// deliver a reply on the sending thread); a pull is never sent under step_mutex either (its reply's
+// `done` may start the next push on that thread), and no lock is held while waiting for a delay.
 #include "ps/worker/worker_client.hpp"
 
 #include <algorithm>
@@ -16,6 +26,8 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -93,6 +105,13 @@ thread_local const WorkerContext* current_context = nullptr;
 
 }  // namespace
 
+// Messages waiting in the outbox until `at` (and until everything queued before them has left).
+struct Outgoing {
+  Clock::time_point at;
+  std::vector<std::pair<int, Bytes>> messages;
+  std::function<void(std::exception_ptr)> done;  // a push's; none for a pull's requests
+};
+
 // One pull (dense: one part per piece; sparse: one part per owning server), completed once.
 struct PullJob {
   int32_t var_id = 0;
@@ -144,7 +163,14 @@ struct WorkerClient::State {
   std::mutex step_mutex;
   int64_t steps = 0;  // under mutex; written under both
   std::vector<double> step_seconds;
-  Clock::time_point last_step_start;
+  Clock::time_point last_step_start;  // when the previous step's pushes could leave (its delay's end)
+
+  // Under step_mutex. The front stays queued while the timer sends it, so that nothing issued
+  // meanwhile overtakes it.
+  std::deque<Outgoing> outbox;
+  std::condition_variable outbox_wake;  // the timer: a new entry, or stopping; finish(): drained
+  bool timer_stopping = false;
+  std::thread timer;
 
   State(WorkerConfig c, std::vector<VariablePlacement> p, Transport& t)
       : config(std::move(c)), placements(std::move(p)), transport(t) {}
@@ -216,6 +242,25 @@ struct WorkerClient::State {
     for (auto& [server, bytes] : messages) transport.send(endpoint, server, std::move(bytes));
   }
 
+  // Queues `out` behind the outbox's entries (never before their deadlines). Under step_mutex.
+  void enqueue(Outgoing out) {
+    if (!outbox.empty()) out.at = std::max(out.at, outbox.back().at);
+    outbox.push_back(std::move(out));
+    outbox_wake.notify_all();
+  }
+
+  // A pull's requests: sent now, or behind the pushes still waiting in the outbox.
+  void send_after_pushes(std::vector<std::pair<int, Bytes>>& messages) {
+    {
+      std::lock_guard lock(step_mutex);
+      if (!outbox.empty()) {
+        enqueue(Outgoing{Clock::now(), std::move(messages), nullptr});
+        return;
+      }
+    }
+    send_all(messages);
+  }
+
   void on_message(int from, Bytes bytes);
   void on_reply(int from, PullReply reply);
   void on_error(int from, const ErrorReply& reply);
@@ -223,7 +268,13 @@ struct WorkerClient::State {
   void watch();
   void shutdown();
   Tensor assemble(PullJob& job) const;
-  void step_bookkeeping(int64_t step);
+  Clock::time_point step_bookkeeping(int64_t step);
+  std::vector<std::vector<int64_t>> check_push(int server, const std::vector<VariableGradient>& grads) const;
+  Outgoing prepare_push(int server, const std::vector<VariableGradient>& grads,
+                        const std::vector<std::vector<int64_t>>& host_ids);
+  Clock::time_point submit_push(int server, const std::vector<VariableGradient>& grads,
+                                const std::function<void(std::exception_ptr)>& done);
+  void send_delayed();
 };
 
 Tensor WorkerClient::State::assemble(PullJob& job) const {
@@ -376,6 +427,25 @@ void WorkerClient::State::shutdown() {
     stopping = true;
   }
   wake.notify_all();
+  {
+    std::lock_guard lock(step_mutex);
+    timer_stopping = true;
+  }
+  outbox_wake.notify_all();
+  join_or_release(timer);
+  std::deque<Outgoing> unsent;
+  {
+    std::lock_guard lock(step_mutex);
+    unsent.swap(outbox);
+  }
+  for (Outgoing& out : unsent) {
+    // Their pulls, if any, are cancelled below with the pending requests.
+    if (out.done) {
+      out.done(std::make_exception_ptr(Cancelled(fmt::format(
+          "ps push (worker {}): the worker's client finished before its step's delay ended; nothing sent",
+          config.worker))));
+    }
+  }
   if (detach_now) transport.detach(endpoint);
   join_or_release(watchdog);
   std::vector<std::shared_ptr<PullJob>> orphans;
@@ -396,7 +466,9 @@ void WorkerClient::State::shutdown() {
   }
 }
 
-void WorkerClient::State::step_bookkeeping(int64_t step) {
+// Under step_mutex. Returns when the step's pushes may leave: now plus the injected delay (never
+// before the previous step's pushes could).
+Clock::time_point WorkerClient::State::step_bookkeeping(int64_t step) {
   for (const auto& [worker, k] : config.faults.stop_worker_at_step) {
     if (worker == config.worker && k == step) {
       {
@@ -424,17 +496,52 @@ void WorkerClient::State::step_bookkeeping(int64_t step) {
     case StepDelay::Kind::straggler:
       if (delay.worker == config.worker && delay.factor > 1) {
         std::lock_guard lock(mutex);
-        seconds = (delay.factor - 1) * std::chrono::duration<double>(Clock::now() - last_step_start).count();
+        seconds = (delay.factor - 1) *
+                  std::max(0.0, std::chrono::duration<double>(Clock::now() - last_step_start).count());
       }
       break;
   }
-  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  const Clock::time_point now = Clock::now();
+  // Not slept here: the caller waits (push) or the timer thread does (push_async).
   std::lock_guard lock(mutex);
-  step_seconds.push_back(std::chrono::duration<double>(now - last_step_start).count());
-  last_step_start = now;
+  const Clock::time_point ready = std::max(Clock::now(), last_step_start) +
+                                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  step_seconds.push_back(std::chrono::duration<double>(ready - last_step_start).count());
+  last_step_start = ready;
   steps = step;
+  return ready;
 }
+
+void WorkerClient::State::send_delayed() {
+  std::unique_lock lock(step_mutex);
+  while (!timer_stopping) {
+    if (outbox.empty()) {
+      outbox_wake.wait(lock);  // shutdown() notifies
+      continue;
+    }
+    const Clock::time_point at = outbox.front().at;
+    if (Clock::now() < at) {
+      outbox_wake.wait_until(lock, at);
+      continue;
+    }
+    std::vector<std::pair<int, Bytes>> messages = std::move(outbox.front().messages);
+    std::function<void(std::exception_ptr)> done = std::move(outbox.front().done);
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      send_all(messages);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    outbox.pop_front();
+    outbox_wake.notify_all();  // finish() may wait for the outbox to drain
+    lock.unlock();
+    if (done) done(std::move(error));
+    if (object_released_here()) return;  // `done` destroyed the client
+    lock.lock();
+  }
+}
+
 
 WorkerClient::WorkerClient(WorkerConfig config, std::vector<VariablePlacement> placements, Transport& transport)
     : state_(std::make_unique<State>(std::move(config), std::move(placements), transport)) {
@@ -508,6 +615,7 @@ void WorkerClient::start() {
   }
   s.transport.attach(s.endpoint, [state = &s](int from, Bytes bytes) { state->on_message(from, std::move(bytes)); });
   s.watchdog = std::thread([state = &s] { state->watch(); });
+  s.timer = std::thread([state = &s] { state->send_delayed(); });
 }
 
 void WorkerClient::pull(int32_t var_id, Done done) {
@@ -540,7 +648,7 @@ void WorkerClient::pull(int32_t var_id, Done done) {
     job->done(Tensor(), error);
     return;
   }
-  s.send_all(messages);
+  s.send_after_pushes(messages);
 }
 
 void WorkerClient::pull_rows(int32_t var_id, const Tensor& ids, Done done) {
@@ -612,11 +720,14 @@ void WorkerClient::pull_rows(int32_t var_id, const Tensor& ids, Done done) {
     job->done(std::move(empty), error);
     return;
   }
-  s.send_all(messages);
+  s.send_after_pushes(messages);
 }
 
-void WorkerClient::push(int server, const std::vector<VariableGradient>& grads) {
-  State& s = *state_;
+// The arguments of a push, checked before anything counts a step; returns the sparse ids, read to
+// the host.
+std::vector<std::vector<int64_t>> WorkerClient::State::check_push(int server,
+                                                                  const std::vector<VariableGradient>& grads) const {
+  const State& s = *this;
   const int worker = s.config.worker;
   if (server < 0 || server >= s.config.num_servers) {
     fail<InvalidArgument>("ps push (worker {}): server {} is outside [0, {})", worker, server, s.config.num_servers);
@@ -655,7 +766,15 @@ void WorkerClient::push(int server, const std::vector<VariableGradient>& grads) 
       }
     }
   }
-  std::lock_guard step_lock(s.step_mutex);
+  return host_ids;
+}
+
+// Under step_mutex: the step's bookkeeping (for its first push) and the encoded message, with when
+// it may leave. Throws WorkerStopped and the client's other refusals.
+Outgoing WorkerClient::State::prepare_push(int server, const std::vector<VariableGradient>& grads,
+                                           const std::vector<std::vector<int64_t>>& host_ids) {
+  State& s = *this;
+  const int worker = s.config.worker;
   int64_t clock = 0;
   {
     std::lock_guard lock(s.mutex);
@@ -663,8 +782,8 @@ void WorkerClient::push(int server, const std::vector<VariableGradient>& grads) 
     clock = s.servers[static_cast<size_t>(server)].clock + 1;
   }
   // The first push of a new step (clock above steps()) does its bookkeeping; the step's other
-  // pushes wait for it on step_mutex.
-  if (clock > s.steps) s.step_bookkeeping(clock);
+  // pushes come after it on step_mutex, and leave no earlier than it (the outbox).
+  const Clock::time_point at = clock > s.steps ? s.step_bookkeeping(clock) : Clock::now();
 
   Push message{worker, clock, 0, {}};
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -715,7 +834,59 @@ void WorkerClient::push(int server, const std::vector<VariableGradient>& grads) 
     if (s.config.mode == TrainingMode::sync) side.min_version = message.read_version + 1;
     side.clock = clock;
   }
-  s.transport.send(s.endpoint, server, encode(message));
+  Outgoing out{at, {}, nullptr};
+  out.messages.emplace_back(server, encode(message));
+  return out;
+}
+
+// Sends the push now when nothing waits before it and its step has no delay left; else queues it
+// for the timer. `done` runs exactly once (inline when sent now or refused). Returns when the
+// message may leave.
+Clock::time_point WorkerClient::State::submit_push(int server, const std::vector<VariableGradient>& grads,
+                                                   const std::function<void(std::exception_ptr)>& done) {
+  std::exception_ptr error;
+  Clock::time_point at = Clock::now();
+  try {
+    const std::vector<std::vector<int64_t>> host_ids = check_push(server, grads);
+    std::lock_guard step_lock(step_mutex);
+    Outgoing out = prepare_push(server, grads, host_ids);
+    at = out.at;
+    if (!outbox.empty() || out.at > Clock::now()) {
+      out.done = done;
+      enqueue(std::move(out));
+      return outbox.back().at;
+    }
+    send_all(out.messages);  // under step_mutex: a push gets no reply, so no callback runs here
+  } catch (...) {
+    error = std::current_exception();
+  }
+  done(std::move(error));
+  return at;
+}
+
+void WorkerClient::push(int server, const std::vector<VariableGradient>& grads) {
+  State& s = *state_;
+  // Eagerly the injected delay is waited for here, on the worker's own thread; the timer sends.
+  auto sent = std::make_shared<std::promise<void>>();
+  std::future<void> result = sent->get_future();
+  const Clock::time_point at = s.submit_push(server, grads, [sent](std::exception_ptr error) {
+    if (error) {
+      sent->set_exception(std::move(error));
+    } else {
+      sent->set_value();
+    }
+  });
+  const auto limit = at + std::chrono::duration_cast<Clock::duration>(s.config.timeout);
+  if (result.wait_until(limit) != std::future_status::ready) {
+    fail<DeadlineExceeded>("ps push to server {} (worker {}): not sent within {} s after its step's delay", server,
+                           s.config.worker, s.config.timeout.count());
+  }
+  result.get();
+}
+
+void WorkerClient::push_async(int server, std::vector<VariableGradient> grads,
+                              std::function<void(std::exception_ptr)> done) {
+  state_->submit_push(server, grads, done);
 }
 
 void WorkerClient::finish() {
@@ -728,6 +899,14 @@ void WorkerClient::finish() {
     s.finished = true;
     goodbye = s.started && !s.stopped.load();
     for (const ServerSide& side : s.servers) clocks.push_back(side.clock);
+  }
+  if (goodbye && std::this_thread::get_id() != s.timer.get_id()) {
+    // The pushes still waiting for their step's delay leave first: a Goodbye must not overtake them.
+    std::unique_lock lock(s.step_mutex);
+    if (!s.outbox.empty()) {
+      const Clock::time_point limit = s.outbox.back().at + std::chrono::duration_cast<Clock::duration>(s.config.timeout);
+      s.outbox_wake.wait_until(lock, limit, [&] { return s.outbox.empty(); });
+    }
   }
   if (goodbye) {
     for (int server = 0; server < s.config.num_servers; ++server) {

@@ -12,11 +12,19 @@
 //     s since the previous push to s (none: the last version seen from s, 0 at first).
 //
 // Steps and faults: the first push of a new step (whichever server it goes to) does the step's
-// bookkeeping once, holding the other pushes of the step until it is done: a stop injected at
-// this step number throws WorkerStopped (then every later call throws it too and finish() sends
-// nothing); otherwise the injected delay is slept (straggler: (factor - 1) x the time since the
-// previous step's first push, or since start() for the first), the step's time is recorded, and
-// steps() grows by one.
+// bookkeeping once: a stop injected at this step number throws WorkerStopped (then every later
+// call throws it too and finish() sends nothing); otherwise the injected delay is drawn
+// (straggler: (factor - 1) x the time since the previous step's delay ended, or since start() for
+// the first), the step's time (up to the delay's end) is recorded, and steps() grows by one. The
+// delay stands for this worker's computing time, so it delays only this worker's messages and
+// holds no shared thread: the push, the step's other pushes and every pull or push issued after
+// them while the delay runs wait in an ordered queue, which the client's own timer thread sends
+// when the delay ends (the messages to each server keep the order they were issued in). push()
+// waits for that on the caller's thread (eagerly: the worker's own thread); push_async() returns
+// at once and its `done` runs after the send, on the timer thread (a traced step's ps_push node
+// uses it, so the process's thread pool, which every in-process worker shares, never waits for one
+// worker's delay). finish() lets the queued messages leave before its Goodbyes; destruction
+// without finish() fails the queued pushes with Cancelled.
 //
 // Timeouts: a pull whose reply has not come within the timeout fails with DeadlineExceeded naming
 // the server, the variable and the worker (a watchdog thread checks every pending request). The
@@ -90,6 +98,11 @@ class WorkerClient {
   // sparse ids it owns, made local). Returns once the message is handed to the transport. Throws
   // WorkerStopped (see the top), InvalidArgument for a var_id this client does not know.
   void push(int server, const std::vector<VariableGradient>& grads);
+  // The same, without waiting: returns at once and calls `done` exactly once, with null once the
+  // message is handed to the transport (inside this call when its step has no delay left and
+  // nothing waits before it; else on the client's timer thread when the delay ends), or with the
+  // error push() would throw. Never throws.
+  void push_async(int server, std::vector<VariableGradient> grads, std::function<void(std::exception_ptr)> done);
 
   // Says goodbye to every server (nothing when stopped) and detaches. Idempotent.
   void finish();
