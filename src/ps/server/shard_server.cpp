@@ -422,7 +422,9 @@ struct ShardServer::State {
       case TrainingMode::sync: {
         clocks[w] = std::max(clocks[w], push.clock);
         if (push.read_version < work.version) {
-          ++work.updates_dropped;  // late: its step completed without it
+          // Late: its step completed without it. A push with no gradient (a worker's step tick to
+          // a server it had nothing for, such as one it never read from) loses nothing: not counted.
+          if (!push.entries.empty()) ++work.updates_dropped;
           return;
         }
         if (step.count(push.worker) != 0) {
