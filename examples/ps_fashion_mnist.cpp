@@ -305,22 +305,9 @@ int run(const Options& o) {
 
 }  // namespace
 
-// The injected straggler delay sleeps inside the worker's push, which a traced step runs on a thread
-// of the process's one thread pool; with a pool of one thread per core (2 here) that sleep holds a
-// thread every worker's graph needs, and every worker slows to the straggler's pace (async
-// included). Until the push no longer sleeps there, give the pool a thread per worker beyond the
-// cores (parallel loops keep one chunk per core). Before the first op: the pool reads these once.
-void leave_room_for_sleeping_stragglers(int workers) {
-  if (std::getenv("FLOWLET_NUM_THREADS") != nullptr) return;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  setenv("FLOWLET_NUM_THREADS", std::to_string(cores + workers + 1).c_str(), 0);
-  setenv("FLOWLET_INTRA_OP_THREADS", std::to_string(cores).c_str(), 0);
-}
-
 int main(int argc, char** argv) {
   try {
     const Options options = parse(argc, argv);
-    leave_room_for_sleeping_stragglers(options.workers + 1);
     return run(options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "\nps_fashion_mnist: %s\n", e.what());
