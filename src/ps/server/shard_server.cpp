@@ -535,7 +535,7 @@ struct ShardServer::State {
       Incoming item;
       item.from = from;
       try {
-        item.message = decode(bytes);
+        item.message = decode(std::move(bytes));
       } catch (const std::exception& e) {
         item.problem = e.what();
       } catch (...) {

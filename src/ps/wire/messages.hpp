@@ -110,5 +110,11 @@ Bytes encode(const Message& message);
 // kind or dtype, a rank above the maximum, a negative dimension, a size that overflows, fewer or
 // more bytes than the fields need). Tensors are new CPU tensors (cpu:0) owning their bytes.
 Message decode(std::span<const std::byte> bytes);
+// The same checks and result, taking the message's buffer over (added by the wire part, compatible):
+// tensors of 4 KiB and more view their elements in `bytes`' allocation instead of copying them
+// (shifted back in place by at most 7 bytes when the layout leaves them off their element
+// alignment), so a received 4 MB tensor costs no second buffer. The tensors share ownership of the
+// buffer, which lives as long as any of them.
+Message decode(Bytes&& bytes);
 
 }  // namespace flowlet::detail::ps

@@ -303,7 +303,7 @@ Tensor WorkerClient::State::assemble(PullJob& job) const {
 void WorkerClient::State::on_message(int from, Bytes bytes) {
   Message message;
   try {
-    message = decode(bytes);
+    message = decode(std::move(bytes));
   } catch (...) {
     // A worker cannot tell which pull a message it cannot read was for: the next call reports it.
     fail_later(std::current_exception());
