@@ -34,7 +34,9 @@ inline constexpr uint8_t kNoTensor = 0xff;  // the dtype byte of an undefined Te
 inline constexpr int kMaxWireRank = 64;     // the most dimensions a tensor on the wire may have
 // encode() reserves this much capacity beyond the message, so that a transport can append its
 // frame (the MPI transport's 8-byte endpoint trailer) without reallocating and copying the message.
-inline constexpr size_t kFrameSpare = 8;
+// (64 rather than 8: the MPI transport receives into the buffers of its completed sends, and the
+// spare lets a 4 MB reply's buffer take a 4 MB push, whose header is a few bytes longer.)
+inline constexpr size_t kFrameSpare = 64;
 
 // Worker -> server: the server's rows of variable var_id, once the server's version is at least
 // min_version (sync) and the worker may read (bounded staleness: `clock` is how many steps the
