@@ -4,6 +4,7 @@
 // message whose encoding is the very same bytes, or throws DataLoss; nothing else, never a crash).
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <flowlet/flowlet.hpp>
 #include <random>
@@ -200,6 +201,68 @@ TEST_CASE("ps wire: a dense 4 MB push encodes to its size plus the header") {
   CHECK(bytes.capacity() == bytes.size() + ps::kFrameSpare);  // sized once: no reallocation, no second copy
   const auto back = std::get<ps::Push>(ps::decode(bytes));
   CHECK(same_tensor(back.entries[0].grad, grad));
+}
+
+// Whether `t`'s elements lie inside [first, first + size) and at a multiple of its element size.
+bool inside_and_aligned(const fl::Tensor& t, const std::byte* first, size_t size) {
+  const auto* p = static_cast<const std::byte*>(t.raw_data());
+  return p >= first && p + static_cast<size_t>(t.numel()) * fl::dtype_size(t.dtype()) <= first + size &&
+         reinterpret_cast<uintptr_t>(p) % fl::dtype_size(t.dtype()) == 0;
+}
+
+TEST_CASE("ps wire: decode(Bytes&&) views large tensors in the message's buffer, aligned, with the same values") {
+  // Every dtype at two positions: a pull reply (elements at 24 + 8 x rank: aligned) and the grad of a
+  // dense push entry (at 38 + 8 x rank: 2 bytes off for 4- and 8-byte elements, moved back in place).
+  for (const fl::Tensor& t : tensors_of_every_dtype({64, 130})) {
+    CAPTURE(t.dtype());
+    const fl::Tensor sparse_ids = fl::tensor(std::vector<int64_t>{3, 1}, {2});
+    for (const ps::Message& m : {ps::Message(ps::PullReply{5, 6, t}), ps::Message(ps::Push{1, 2, 0, {{4, fl::Tensor(), t}}}),
+                                  ps::Message(ps::Push{1, 2, 0, {{4, sparse_ids, t}, {5, fl::Tensor(), t}}})}) {
+      CAPTURE(ps::message_name(m));
+      Bytes bytes = ps::encode(m);
+      const Bytes original = bytes;
+      const std::byte* first = bytes.data();
+      const size_t size = bytes.size();
+      const ps::Message back = ps::decode(std::move(bytes));
+      CHECK(same_message(m, back));
+      CHECK(ps::encode(back) == original);
+      if (const auto* reply = std::get_if<ps::PullReply>(&back)) {
+        CHECK(inside_and_aligned(reply->value, first, size));
+      } else {
+        for (const ps::PushEntry& e : std::get<ps::Push>(back).entries) {
+          CHECK(inside_and_aligned(e.grad, first, size));
+          if (e.rows.defined()) CHECK(!inside_and_aligned(e.rows, first, size));  // 16 bytes: copied
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ps wire: a tensor decode(Bytes&&) made outlives the message and its siblings") {
+  const fl::Tensor grad = fl::full({1024, 8}, 0.25, fl::f32);
+  fl::Tensor kept;
+  {
+    const Bytes bytes = ps::encode(ps::Push{0, 1, 0, {{0, fl::Tensor(), grad}, {1, fl::Tensor(), grad * 2.0}}});
+    ps::Push push = std::get<ps::Push>(ps::decode(Bytes(bytes)));
+    kept = push.entries[1].grad;
+  }
+  CHECK(same_tensor(kept, grad * 2.0));
+  CHECK(kept.device() == fl::Device());
+}
+
+TEST_CASE("ps wire: decode(Bytes&&) rejects what decode(span) rejects") {
+  for (const ps::Message& m : sample_messages()) {
+    const Bytes bytes = ps::encode(m);
+    for (size_t n = 0; n < bytes.size(); ++n) {
+      CAPTURE(ps::message_name(m));
+      CAPTURE(n);
+      CHECK_THROWS_AS(ps::decode(Bytes(bytes.begin(), bytes.begin() + static_cast<long>(n))), fl::DataLoss);
+    }
+  }
+  // A large b8 tensor with an element that is neither 0 nor 1: checked before it is adopted.
+  Bytes bad = ps::encode(ps::PullReply{1, 1, fl::zeros({8192}, fl::b8)});
+  bad[bad.size() - 5] = std::byte{2};
+  CHECK_THROWS_WITH_AS(ps::decode(std::move(bad)), doctest::Contains("neither 0 nor 1"), fl::DataLoss);
 }
 
 TEST_CASE("ps wire: encode rejects a tensor above the wire's rank") {

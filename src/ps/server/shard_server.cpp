@@ -171,13 +171,19 @@ struct ShardServer::State {
   }
 
   void flush() {
+    bool live_changed = false;
     {
       std::lock_guard lock(mutex);
       published = work;
-      published_live = live;
+      if (published_live != live) {
+        published_live = live;
+        live_changed = true;
+      }
       if (failure && !published_failure) published_failure = failure;
     }
-    published_changed.notify_all();
+    // finish() waits for liveness (or the thread's end, notified there): waking it for every
+    // message only to find the same workers live cost its process two context switches each.
+    if (live_changed) published_changed.notify_all();
     std::vector<std::pair<int, Bytes>> sending;
     sending.swap(outbox);
     for (auto& [to, bytes] : sending) {
@@ -537,7 +543,7 @@ struct ShardServer::State {
       Incoming item;
       item.from = from;
       try {
-        item.message = decode(bytes);
+        item.message = decode(std::move(bytes));
       } catch (const std::exception& e) {
         item.problem = e.what();
       } catch (...) {

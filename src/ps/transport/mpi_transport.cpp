@@ -7,6 +7,13 @@
 // it off with a resize. The receiver checks the trailer against the MPI source and itself; a frame
 // that disagrees is a bug in flowlet (or memory corruption), so the job is aborted naming it.
 //
+// Buffers. A received message needs a buffer of its size, and a fresh std::vector of 4 MB costs a
+// zero fill and, memory the allocator had given back to the system, a page fault per 4 KiB page. So
+// the buffers of completed large sends are kept (a few, kRecycledBuffers) and a large message is
+// received into one whose capacity holds it: a server receives pushes into the buffers its replies
+// went out in, a worker replies into its pushes' (encode() leaves kFrameSpare bytes of capacity,
+// which covers the few bytes by which their headers differ).
+//
 // Threads. send() calls MPI_Isend on the caller's thread (under the transport's mutex) and returns;
 // the buffer stays with the transport until the progress thread's MPI_Testsome sees the send done.
 // The progress thread receives (MPI_Improbe / MPI_Mrecv of the probed size) and calls the handler,
@@ -24,6 +31,7 @@
 // since a peer that never arrives would otherwise hang this process.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -56,6 +64,8 @@ constexpr auto kNap = std::chrono::microseconds(200);
 constexpr auto kShutdownDeadline = std::chrono::seconds(300);
 constexpr auto kHandlerDeadline = std::chrono::seconds(120);
 constexpr int kReceivesPerTurn = 64;  // then the sends are tested again
+constexpr size_t kRecycledBuffers = 4;         // kept from completed sends, for receives
+constexpr size_t kMinRecycledBytes = 64 << 10;  // smaller messages take a fresh buffer
 
 enum class State { waiting, attached, detached };
 
@@ -271,6 +281,8 @@ class MpiTransport final : public Transport {
       std::this_thread::yield();
     }
     std::lock_guard lock(mutex_);
+    recycled_.clear();
+    recycled_.shrink_to_fit();
     MPI_Comm_free(&comm_);  // sets comm_ to MPI_COMM_NULL: later sends are refused
   }
 
@@ -310,7 +322,10 @@ class MpiTransport final : public Transport {
     if (count <= 0) return false;  // 0, or MPI_UNDEFINED when none is active
     size_t kept = 0;
     for (size_t i = 0; i < sending_.size(); ++i) {
-      if (sending_[i] == MPI_REQUEST_NULL) continue;  // completed: Testsome set it to null
+      if (sending_[i] == MPI_REQUEST_NULL) {  // completed: Testsome set it to null
+        recycle(std::move(send_buffers_[i]));
+        continue;
+      }
       if (kept != i) {  // (a vector moved onto itself is left empty: its buffer would be freed)
         sending_[kept] = sending_[i];
         send_buffers_[kept] = std::move(send_buffers_[i]);
@@ -320,6 +335,40 @@ class MpiTransport final : public Transport {
     sending_.resize(kept);
     send_buffers_.resize(kept);
     return true;
+  }
+
+  // Keeps a completed send's buffer for a later receive (under mutex_).
+  void recycle(Bytes buffer) {
+    if (buffer.capacity() < kMinRecycledBytes) return;
+    if (recycled_.size() == kRecycledBuffers) {
+      // The smallest goes: the kept ones should hold the largest messages.
+      auto smallest = std::min_element(recycled_.begin(), recycled_.end(), [](const Bytes& a, const Bytes& b) {
+        return a.capacity() < b.capacity();
+      });
+      if (smallest->capacity() >= buffer.capacity()) return;
+      *smallest = std::move(buffer);
+      return;
+    }
+    recycled_.push_back(std::move(buffer));
+  }
+
+  // A buffer of `count` bytes for a receive: a kept one that holds it without reallocating (the
+  // smallest such), else a new one.
+  Bytes receive_buffer(size_t count) {
+    if (count >= kMinRecycledBytes) {
+      std::lock_guard lock(mutex_);
+      auto best = recycled_.end();
+      for (auto it = recycled_.begin(); it != recycled_.end(); ++it) {
+        if (it->capacity() >= count && (best == recycled_.end() || it->capacity() < best->capacity())) best = it;
+      }
+      if (best != recycled_.end()) {
+        Bytes buffer = std::move(*best);
+        recycled_.erase(best);
+        buffer.resize(count);  // within its capacity: at most kFrameSpare bytes are filled
+        return buffer;
+      }
+    }
+    return Bytes(count);
   }
 
   // Receives what has arrived (at most kReceivesPerTurn); false when the transport was destroyed
@@ -339,7 +388,7 @@ class MpiTransport final : public Transport {
         abort_job(fmt::format("ps MPI transport: a frame of {} bytes from process {} (too short for its endpoints)",
                               count, source));
       }
-      Bytes bytes(static_cast<size_t>(count));
+      Bytes bytes = receive_buffer(static_cast<size_t>(count));
       MPI_Mrecv(bytes.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE);
       int32_t trailer[2];
       std::memcpy(trailer, bytes.data() + bytes.size() - kTrailerBytes, kTrailerBytes);
@@ -432,6 +481,7 @@ class MpiTransport final : public Transport {
   std::vector<MPI_Request> sending_;  // in flight, with their buffers
   std::vector<Bytes> send_buffers_;
   std::vector<int> done_indices_;
+  std::vector<Bytes> recycled_;  // buffers of completed sends, for receives
   std::vector<int64_t> sent_to_;  // messages sent per process (for the shutdown count)
 
   // Progress thread only.

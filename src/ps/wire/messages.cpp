@@ -5,7 +5,9 @@
 // tensor can travel), once appending to a byte string reserved to exactly that size, so a tensor's
 // elements are copied once, straight from its storage into the message. decode() reads through a
 // cursor that checks every length against the bytes left before it reads or allocates anything:
-// the largest allocation a message can cause is the size of the message itself.
+// the largest allocation a message can cause is the size of the message itself. decode(Bytes&&)
+// takes the message's buffer over, and its large tensors view their elements there: a received
+// 4 MB push or reply is not copied again.
 #include "ps/wire/messages.hpp"
 
 #include <fmt/format.h>
@@ -13,6 +15,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 
 #include "core/check.hpp"
@@ -34,6 +37,9 @@ constexpr size_t kKinds = std::variant_size_v<Message>;
 // entry: what a vector count is checked against before anything is read.
 constexpr uint64_t kMinTensorBytes = 2;
 constexpr uint64_t kMinPushEntryBytes = 4 + 2 * kMinTensorBytes;
+// decode(Bytes&&) copies tensors smaller than this (a copy costs less than a Storage over the
+// message's buffer, and a small tensor then does not keep a large message alive).
+constexpr uint64_t kMinAdoptedBytes = 4096;
 
 // ---- encoding ---------------------------------------------------------------------------------------
 
@@ -175,10 +181,12 @@ void put_message(Sink& sink, const Message& message) {
 
 // ---- decoding ---------------------------------------------------------------------------------------
 
-// A cursor over hostile bytes: every read checks the bytes left first.
+// A cursor over hostile bytes: every read checks the bytes left first. Given the message's buffer
+// (`owner`), tensors view their elements in it instead of copying them.
 class Reader {
  public:
   explicit Reader(std::span<const std::byte> bytes) : bytes_(bytes) {}
+  explicit Reader(std::shared_ptr<Bytes> owner) : bytes_(*owner), owner_(std::move(owner)) {}
 
   size_t offset() const { return offset_; }
   size_t left() const { return bytes_.size() - offset_; }
@@ -263,14 +271,35 @@ class Reader {
         if (b > 1) fail_at(offset_ + i, fmt::format("{}: a b8 element is neither 0 nor 1", field), int{b});
       }
     }
-    Tensor t = Tensor::empty(shape, dtype, Device());
-    if (bytes > 0) std::memcpy(t.raw_data(), data, bytes);
+    Tensor t = bytes >= kMinAdoptedBytes && owner_ ? adopt(shape, dtype, bytes) : copy(shape, dtype, data, bytes);
     offset_ += bytes;
     return t;
   }
 
  private:
+  static Tensor copy(const Shape& shape, DType dtype, const std::byte* data, uint64_t bytes) {
+    Tensor t = Tensor::empty(shape, dtype, Device());
+    if (bytes > 0) std::memcpy(t.raw_data(), data, bytes);
+    return t;
+  }
+
+  // A tensor over the `bytes` at the cursor, in the message's own buffer. Its elements must sit at a
+  // multiple of the element size (kernels read them as typed arrays); where the layout puts them
+  // off by a few bytes, they move back that far, over bytes already read (this tensor's dtype,
+  // rank and dimensions at least): one pass in place, no new buffer. The buffer is the vector's
+  // allocation (aligned for any element type), so only the offset decides.
+  Tensor adopt(const Shape& shape, DType dtype, uint64_t bytes) {
+    std::byte* base = owner_->data();
+    const size_t misaligned = offset_ % dtype_size(dtype);
+    std::byte* elements = base + offset_ - misaligned;
+    if (misaligned != 0) std::memmove(elements, base + offset_, bytes);
+    Ref<Storage> storage = make_ref<Storage>(static_cast<void*>(elements), static_cast<size_t>(bytes), Device(),
+                                             std::shared_ptr<void>(owner_, elements));
+    return Tensor::view(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
+  }
+
   std::span<const std::byte> bytes_;
+  std::shared_ptr<Bytes> owner_;  // set when decoding a message handed over (decode(Bytes&&))
   size_t offset_ = 0;
 };
 
@@ -358,8 +387,9 @@ Bytes encode(const Message& message) {
   return out;
 }
 
-Message decode(std::span<const std::byte> bytes) {
-  Reader r(bytes);
+namespace {
+
+Message decode_with(Reader& r, std::span<const std::byte> bytes) {
   r.need(kHeaderBytes, "the header (magic, version, kind)");
   if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
     uint32_t magic;
@@ -374,6 +404,20 @@ Message decode(std::span<const std::byte> bytes) {
   Message message = read_body(r, kind);
   if (r.left() != 0) r.fail_at(r.offset(), fmt::format("{} trailing bytes after the {}", r.left(), message_name(message)), r.left());
   return message;
+}
+
+}  // namespace
+
+Message decode(std::span<const std::byte> bytes) {
+  Reader r(bytes);
+  return decode_with(r, bytes);
+}
+
+Message decode(Bytes&& bytes) {
+  auto owner = std::make_shared<Bytes>(std::move(bytes));
+  const std::span<const std::byte> view(*owner);
+  Reader r(std::move(owner));
+  return decode_with(r, view);
 }
 
 }  // namespace flowlet::detail::ps

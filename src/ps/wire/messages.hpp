@@ -34,7 +34,9 @@ inline constexpr uint8_t kNoTensor = 0xff;  // the dtype byte of an undefined Te
 inline constexpr int kMaxWireRank = 64;     // the most dimensions a tensor on the wire may have
 // encode() reserves this much capacity beyond the message, so that a transport can append its
 // frame (the MPI transport's 8-byte endpoint trailer) without reallocating and copying the message.
-inline constexpr size_t kFrameSpare = 8;
+// (64 rather than 8: the MPI transport receives into the buffers of its completed sends, and the
+// spare lets a 4 MB reply's buffer take a 4 MB push, whose header is a few bytes longer.)
+inline constexpr size_t kFrameSpare = 64;
 
 // Worker -> server: the server's rows of variable var_id, once the server's version is at least
 // min_version (sync) and the worker may read (bounded staleness: `clock` is how many steps the
@@ -110,5 +112,11 @@ Bytes encode(const Message& message);
 // kind or dtype, a rank above the maximum, a negative dimension, a size that overflows, fewer or
 // more bytes than the fields need). Tensors are new CPU tensors (cpu:0) owning their bytes.
 Message decode(std::span<const std::byte> bytes);
+// The same checks and result, taking the message's buffer over (added by the wire part, compatible):
+// tensors of 4 KiB and more view their elements in `bytes`' allocation instead of copying them
+// (shifted back in place by at most 7 bytes when the layout leaves them off their element
+// alignment), so a received 4 MB tensor costs no second buffer. The tensors share ownership of the
+// buffer, which lives as long as any of them.
+Message decode(Bytes&& bytes);
 
 }  // namespace flowlet::detail::ps

@@ -151,6 +151,7 @@ struct WorkerClient::State {
 
   mutable std::mutex mutex;
   std::condition_variable wake;  // the watchdog: a new deadline, or stopping
+  Clock::time_point watchdog_wakes_at = Clock::time_point::min();  // when it checks next (min: not waiting)
   std::map<uint64_t, Pending> pending;
   uint64_t next_request = 1;
   std::vector<ServerSide> servers;
@@ -226,7 +227,10 @@ struct WorkerClient::State {
     }
     job->remaining = static_cast<int>(servers_of.size());
     job->parts.resize(servers_of.size());
-    wake.notify_all();
+    // Only a deadline before the watchdog's next check needs it awake now (usually none: it checks
+    // every second, and a pull's deadline is the timeout away); waking it for every pull cost the
+    // worker's process two context switches per pull.
+    if (deadline < watchdog_wakes_at) wake.notify_all();
     return out;
   }
 
@@ -303,7 +307,7 @@ Tensor WorkerClient::State::assemble(PullJob& job) const {
 void WorkerClient::State::on_message(int from, Bytes bytes) {
   Message message;
   try {
-    message = decode(bytes);
+    message = decode(std::move(bytes));
   } catch (...) {
     // A worker cannot tell which pull a message it cannot read was for: the next call reports it.
     fail_later(std::current_exception());
@@ -393,7 +397,9 @@ void WorkerClient::State::watch() {
   while (!stopping) {
     Clock::time_point next = Clock::now() + std::chrono::seconds(1);  // wakes up at least this often
     for (const auto& [id, entry] : pending) next = std::min(next, entry.deadline);
+    watchdog_wakes_at = next;
     wake.wait_until(lock, next);
+    watchdog_wakes_at = Clock::time_point::min();
     if (stopping) break;
     const Clock::time_point now = Clock::now();
     std::vector<Pending> late;  // the first late request of each job
