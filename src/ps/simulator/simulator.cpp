@@ -28,18 +28,6 @@ constexpr std::string_view kOp = "ps::simulate";
 constexpr int64_t kMaxUpdates = int64_t{100'000'000};  // about a minute of simulation; more is a mistake
 constexpr int kMaxWorkers = 1'000'000;
 
-std::string_view mode_name(TrainingMode mode) {
-  switch (mode) {
-    case TrainingMode::async:
-      return "async";
-    case TrainingMode::sync:
-      return "sync";
-    case TrainingMode::bounded_staleness:
-      return "bounded_staleness";
-  }
-  return "unknown";
-}
-
 bool finite_non_negative(double x) { return std::isfinite(x) && x >= 0; }
 
 void check_config(const SimulationConfig& c) {
@@ -48,7 +36,7 @@ void check_config(const SimulationConfig& c) {
   }
   if (c.backup_workers != 0 && c.mode != TrainingMode::sync) {
     detail::fail<InvalidArgument>("{}: backup_workers apply to sync only; got {} in mode {}", kOp, c.backup_workers,
-                                  mode_name(c.mode));
+                                  to_string(c.mode));
   }
   if (c.backup_workers < 0 || c.backup_workers >= c.workers) {
     detail::fail<InvalidArgument>("{}: backup_workers must be in [0, workers); got {} with {} workers", kOp,
