@@ -20,6 +20,7 @@
 #include <fmt/ranges.h>
 
 #include "flowlet/parameter_server.hpp"
+#include "support/parameter_server.hpp"
 #include "support/reference.hpp"
 #include "support/replicas.hpp"
 
@@ -41,29 +42,9 @@ fl::ParameterServerOptions options_for(int servers, int workers, TrainingMode mo
   return options;
 }
 
-fl::ParameterServerStrategy::OptimizerFactory sgd(double lr) {
-  return [lr] { return std::make_unique<fl::optim::SGD>(lr); };
-}
-
-// A server variable made under the strategy's scope.
-fl::Variable server_variable(const fl::ParameterServerStrategy& ps, const fl::Tensor& initial,
-                             const std::string& name) {
-  auto scope = ps.scope();
-  return fl::Variable(initial, name);
-}
-
-// Every worker: `steps` times, read `c` (a pull) and push a gradient of ones. With SGD(lr = 1)
-// each applied push lowers every element of c by exactly 1 (sync: each step by the mean, 1).
-std::function<void(fl::ps::Worker&)> counter_worker(const fl::Variable& c, int steps,
-                                                    std::chrono::milliseconds compute = {}) {
-  return [c, steps, compute](fl::ps::Worker& worker) {
-    for (int i = 0; i < steps; ++i) {
-      const fl::Tensor value = c.value();
-      if (compute.count() > 0) std::this_thread::sleep_for(compute);
-      worker.apply_gradients({fl::ones_like(value)}, {c});
-    }
-  };
-}
+using test::counter_worker;
+using test::server_variable;
+using test::sgd;
 
 double scalar_of(const fl::Variable& v) { return test::values(v.value())[0]; }
 

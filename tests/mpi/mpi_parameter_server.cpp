@@ -18,6 +18,7 @@
 #include <flowlet/collective.hpp>
 #include <flowlet/flowlet.hpp>
 
+#include "support/parameter_server.hpp"
 #include "support/reference.hpp"
 
 namespace {
@@ -37,26 +38,9 @@ fl::ParameterServerOptions options_for(TrainingMode mode) {
   return options;
 }
 
-fl::ParameterServerStrategy::OptimizerFactory sgd(double lr) {
-  return [lr] { return std::make_unique<fl::optim::SGD>(lr); };
-}
-
-fl::Variable server_variable(const fl::ParameterServerStrategy& ps, const fl::Tensor& initial,
-                             const std::string& name) {
-  auto scope = ps.scope();
-  return fl::Variable(initial, name);
-}
-
-std::function<void(fl::ps::Worker&)> counter_worker(const fl::Variable& c, int steps,
-                                                    std::chrono::milliseconds compute = {}) {
-  return [c, steps, compute](fl::ps::Worker& worker) {
-    for (int i = 0; i < steps; ++i) {
-      const fl::Tensor value = c.value();
-      if (compute.count() > 0) std::this_thread::sleep_for(compute);
-      worker.apply_gradients({fl::ones_like(value)}, {c});
-    }
-  };
-}
+using test::counter_worker;
+using test::server_variable;
+using test::sgd;
 
 // Passes on every process when every process holds the same `values`.
 void check_same_everywhere(const std::vector<double>& values, const char* what) {
