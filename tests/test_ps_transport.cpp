@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ps/transport/transport.hpp"
+#include "support/ps_transport.hpp"
 
 namespace fl = flowlet;
 namespace ps = flowlet::detail::ps;
@@ -23,27 +24,14 @@ using namespace std::chrono_literals;
 
 namespace {
 
-Bytes number_message(int64_t n, size_t size = 8) {
-  Bytes b(std::max<size_t>(size, 8));
-  std::memcpy(b.data(), &n, 8);
-  return b;
-}
+using test::number_message;
+using test::wait_until;
+
 int64_t number_of(const Bytes& b) {
   int64_t n = 0;
   REQUIRE(b.size() >= 8);
   std::memcpy(&n, b.data(), 8);
   return n;
-}
-
-// Waits (at most `limit`) until `done()`; false on timeout.
-template <class F>
-bool wait_until(F done, std::chrono::milliseconds limit = 20s) {
-  const auto deadline = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(200us);
-  }
-  return true;
 }
 
 // What one receiving endpoint saw: per sender the numbers in arrival order, checked as they come.

@@ -14,6 +14,7 @@
 
 #include "ps/transport/transport.hpp"
 #include "ps/wire/messages.hpp"
+#include "support/ps_transport.hpp"
 
 namespace fl = flowlet;
 namespace ps = flowlet::detail::ps;
@@ -36,25 +37,13 @@ int my_endpoint() { return procs() - 1 - rank(); }
 
 std::unique_ptr<ps::Transport> make() { return ps::make_mpi_transport(reversed_placement()); }
 
-Bytes number_message(int64_t n, size_t size = 8) {
-  Bytes b(std::max<size_t>(size, 8));
-  std::memcpy(b.data(), &n, 8);
-  return b;
-}
+using test::number_message;
+using test::wait_until;
+
 int64_t number_of(const Bytes& b) {
   int64_t n = -1;
   if (b.size() >= 8) std::memcpy(&n, b.data(), 8);
   return n;
-}
-
-template <class F>
-bool wait_until(F done, std::chrono::milliseconds limit = 30s) {
-  const auto deadline = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(100us);
-  }
-  return true;
 }
 
 // Per sender: the next number expected; counts what arrived and what came out of order.
