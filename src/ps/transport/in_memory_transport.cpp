@@ -31,6 +31,7 @@
 
 #include "core/check.hpp"
 #include "flowlet/core/error.hpp"
+#include "ps/transport/handler_threw.hpp"
 #include "ps/transport/transport.hpp"
 
 namespace flowlet::detail::ps {
@@ -63,21 +64,6 @@ struct Endpoint {
 
   std::atomic<int64_t> messages_sent{0}, bytes_sent{0}, messages_received{0}, bytes_received{0};
 };
-
-// A handler that throws is a bug in its endpoint: the contract ends the process.
-[[noreturn]] void handler_threw(int endpoint, int from) {
-  std::string what = "an unknown exception";
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    what = e.what();
-  } catch (...) {
-  }
-  std::fprintf(stderr, "flowlet: ps in-process transport: the handler of endpoint %d threw on a message from %d: %s\n",
-               endpoint, from, what.c_str());
-  std::fflush(stderr);
-  std::terminate();
-}
 
 class InMemoryTransport final : public Transport {
  public:
@@ -217,7 +203,7 @@ class InMemoryTransport final : public Transport {
     try {
       (*handler)(letter.from, std::move(letter.bytes));
     } catch (...) {
-      handler_threw(endpoint, letter.from);
+      handler_threw("in-process", endpoint, letter.from);
     }
     handler.reset();
     lock.lock();

@@ -49,6 +49,7 @@
 #include "collective/transport/process.hpp"
 #include "core/check.hpp"
 #include "flowlet/core/error.hpp"
+#include "ps/transport/handler_threw.hpp"
 #include "ps/transport/transport.hpp"
 
 namespace flowlet::detail::ps {
@@ -437,7 +438,7 @@ class MpiTransport final : public Transport {
     try {
       (*handler)(from, std::move(bytes));
     } catch (...) {
-      handler_threw(from);
+      handler_threw("MPI", self_, from);
     }
     handler.reset();
     if (object_released_here()) return false;
@@ -445,20 +446,6 @@ class MpiTransport final : public Transport {
     delivering_ = false;
     idle_.notify_all();
     return true;
-  }
-
-  [[noreturn]] void handler_threw(int from) const {
-    std::string what = "an unknown exception";
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    std::fprintf(stderr, "flowlet: ps MPI transport: the handler of endpoint %d threw on a message from %d: %s\n", self_,
-                 from, what.c_str());
-    std::fflush(stderr);
-    std::terminate();  // flowlet's terminate handler aborts the job
   }
 
   const std::vector<int> process_of_;  // endpoint -> process
