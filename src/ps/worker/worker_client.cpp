@@ -126,6 +126,18 @@ struct PullJob {
   bool finished = false;
 };
 
+namespace {
+
+// A pull of `var_id` whose `done` is still to be called.
+std::shared_ptr<PullJob> new_pull_job(int32_t var_id, WorkerClient::Done done) {
+  auto job = std::make_shared<PullJob>();
+  job->var_id = var_id;
+  job->done = std::move(done);
+  return job;
+}
+
+}  // namespace
+
 struct Pending {
   std::shared_ptr<PullJob> job;
   int part = 0;
@@ -626,9 +638,7 @@ void WorkerClient::start() {
 
 void WorkerClient::pull(int32_t var_id, Done done) {
   State& s = *state_;
-  auto job = std::make_shared<PullJob>();
-  job->var_id = var_id;
-  job->done = std::move(done);
+  auto job = new_pull_job(var_id, std::move(done));
   std::vector<std::pair<int, Bytes>> messages;
   std::exception_ptr error;
   {
@@ -659,9 +669,7 @@ void WorkerClient::pull(int32_t var_id, Done done) {
 
 void WorkerClient::pull_rows(int32_t var_id, const Tensor& ids, Done done) {
   State& s = *state_;
-  auto job = std::make_shared<PullJob>();
-  job->var_id = var_id;
-  job->done = std::move(done);
+  auto job = new_pull_job(var_id, std::move(done));
   std::vector<std::pair<int, Bytes>> messages;
   std::exception_ptr error;
   try {
