@@ -292,6 +292,9 @@ TEST_CASE("every op with a CUDA kernel has a row in the CUDA table, and a build 
   // The collectives' one kernel hands the tensor to the participant's communicator (NCCL for GPUs):
   // tests/test_collective_ops.cpp and the transport's tests check them per backend.
   const std::set<std::string> collectives = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
+  // The parameter-server ops' one kernel hands host bytes to the worker's client, which puts a
+  // pulled value on the worker's device: tests/test_ps_worker.cpp checks them.
+  const std::set<std::string> parameter_server = {"ps_pull", "ps_lookup", "ps_push"};
   const std::set<std::string> host_only = {
       "fused_elementwise",               // the fusion pass fuses CPU nodes only
       "queue_enqueue", "queue_dequeue",  // a queue lives on the host; its items stay where they are
@@ -309,7 +312,8 @@ TEST_CASE("every op with a CUDA kernel has a row in the CUDA table, and a build 
       continue;
     }
     if (!has_kernel) without_kernel.push_back(name);
-    if (has_kernel && traced_below.count(name) == 0 && collectives.count(name) == 0) {
+    if (has_kernel && traced_below.count(name) == 0 && collectives.count(name) == 0 &&
+        parameter_server.count(name) == 0) {
       CHECK_MESSAGE(rows.count(name) == 1, "op '" << name << "' needs a row in tests/test_cuda.cpp");
     }
   }
