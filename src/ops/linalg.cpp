@@ -16,6 +16,7 @@
 #include "flowlet/ops/reduce.hpp"
 #include "flowlet/ops/shape.hpp"
 #include "runtime/thread_pool.hpp"
+#include "kernels/blas_threads.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "ops/gemm.hpp"
 #include "ops/known_ops.hpp"
@@ -93,17 +94,6 @@ constexpr double kGemmWorkPerThread = 160.0 * 160.0 * 160.0;
 // within rounding; bit for bit too on most kernels, but not all (OpenBLAS's Haswell kernels on an
 // AVX-512 machine tile a block's edge in another order).
 constexpr int64_t kGemmAlign = 16;
-
-// OpenBLAS would otherwise start its own threads for every call on top of the pool (two GEMMs from
-// two inter-op tasks would each take all cores): the pool is the only source of threads, and big
-// products are split below into single-threaded calls.
-void use_pool_threads_only() {
-  static const bool once = [] {
-    openblas_set_num_threads(1);
-    return true;
-  }();
-  (void)once;
-}
 
 // C rows [r0, r1) and columns [c0, c1) of one matrix of the batch: one single-threaded BLAS call.
 void gemm_block(DType dtype, const BlasOperand& pa, const BlasOperand& pb, const char* ai, const char* bi,

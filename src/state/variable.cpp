@@ -14,6 +14,7 @@
 #include "flowlet/eager_scope.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/ops/shape.hpp"
+#include "kernels/blas_threads.hpp"
 #include "runtime/thread_pool.hpp"
 #include "state/mirrored_variable.hpp"
 #include "state/remote_variable.hpp"
@@ -127,21 +128,9 @@ bool exclusively_owned(const Tensor& value) {
 
 namespace {
 
-// The chunks below are the parallelism (the thread pool's): OpenBLAS must not start its own threads
-// inside each axpy on top of them, as ops/linalg.cpp says for GEMM. Left at its default, a process
-// that never ran a GEMM (a parameter server's, which only applies updates) had OpenBLAS's threads
-// spin after every large axpy, taking the cores the other processes of the job needed.
-void single_threaded_blas() {
-  static const bool once = [] {
-    openblas_set_num_threads(1);
-    return true;
-  }();
-  (void)once;
-}
-
 // value += scale * t in place (value exclusively owned, same shape and dtype as t).
 bool update_in_place(Tensor& value, const Tensor& t, double scale) {
-  single_threaded_blas();
+  use_pool_threads_only();  // the chunks below are the parallelism
   const Tensor update = t.contiguous();
   const auto n = static_cast<blasint>(value.numel());
   if (value.numel() != static_cast<int64_t>(n)) return false;
