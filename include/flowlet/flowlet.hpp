@@ -14,6 +14,7 @@
 #include "flowlet/data/fashion_mnist.hpp"
 #include "flowlet/data/pipeline.hpp"
 #include "flowlet/device_scope.hpp"
+#include "flowlet/distributed_checkpoint.hpp"
 #include "flowlet/dispatch.hpp"
 #include "flowlet/graph.hpp"
 #include "flowlet/layers.hpp"

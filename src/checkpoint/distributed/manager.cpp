@@ -1,0 +1,1 @@
+// DistributedCheckpointManager: placeholder, filled by the checkpoint-core part (issue 14).

@@ -1,0 +1,1 @@
+// DistributedCheckpointManager::add(ParameterServerStrategy&) and the servers' checkpoint source: placeholder (issue 14).

@@ -1,0 +1,1 @@
+// Tests of DistributedCheckpointManager in one process: placeholder (issue 14).

@@ -1,0 +1,1 @@
+// Tests of parameter-server checkpoints in one process: placeholder (issue 14).
