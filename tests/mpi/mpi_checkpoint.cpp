@@ -1,5 +1,7 @@
 // DistributedCheckpointManager across processes, under `mpirun -np N` (tests/meson.build: N = 2, 3):
 //   - every process writes its own shard and the manifest lists all N; restore on every process;
+//   - mirrored variables (2 logical CPU devices per process) are written once and restored into
+//     every replica's copy on every process;
 //   - a corruption that only one process sees (a shard only it validates) makes every process
 //     throw the same error, naming that process and the file, with no variable changed anywhere;
 //   - a write that fails on one process fails the save on every process;
@@ -28,7 +30,11 @@
 #include "checkpoint/distributed/reader.hpp"
 #include "checkpoint/distributed/source.hpp"
 #include "collective/communicator.hpp"
+#include "flowlet/mirrored.hpp"
+#include "state/mirrored_variable.hpp"
+#include "state/variable_state.hpp"
 #include "support/reference.hpp"
+#include "support/replicas.hpp"
 
 namespace fl = flowlet;
 namespace fs = std::filesystem;
@@ -158,6 +164,38 @@ TEST_CASE("every process writes its own shard, the manifest lists them all, and 
   CHECK(restored->saved_processes == fl::process_count());
   CHECK(restored->metadata.at("batch") == 34);
   CHECK(values(vars) == saved);
+}
+
+TEST_CASE("mirrored variables: written once, restored into every replica's copy on every process") {
+  test::ensure_cpu_devices(2);
+  SharedDir dir;
+  fl::MirroredOptions options;
+  options.collective_timeout_seconds = 30;
+  fl::MirroredStrategy dp(test::cpu_devices(2), options);
+  fl::Variable w, b;
+  {
+    auto scope = dp.scope();
+    w = fl::Variable(fl::randn({5, 3}, 17), "w");
+    b = fl::Variable(fl::randn({3}, 18), "b");
+  }
+  const auto saved = values({w, b});
+  fl::DistributedCheckpointManager manager(dir.path);
+  manager.add({w, b});
+  manager.save(2);
+  manager.wait();
+  const ckpt::Manifest m = ckpt::parse_manifest(read_file(dir.path + "/ckpt-000002/manifest.json"), "manifest", "test");
+  CHECK(m.tensors.size() == 2);  // once each, not once per replica or process
+  w.assign(fl::zeros({5, 3}));
+  b.assign(fl::zeros({3}));
+  REQUIRE(manager.restore_latest().has_value());
+  for (const fl::Variable& v : {w, b}) {
+    const auto copies = fl::detail::all_copies(fl::detail::VariableAccess::state(v));
+    REQUIRE(copies.size() == 2);
+    for (const auto& copy : copies) {
+      const std::lock_guard<std::mutex> lock(copy->mutex);
+      CHECK(test::values(copy->value) == saved[v.name() == "w" ? 0 : 1]);
+    }
+  }
 }
 
 TEST_CASE("a corruption only one process sees: every process throws its error, naming it and the file; nothing changes") {
