@@ -9,18 +9,18 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <random>
-#include <set>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
+#include <set>
 #include <thread>
 
 #include "checkpoint/distributed/manifest.hpp"
-#include "checkpoint/safetensors_file.hpp"
 #include "checkpoint/distributed/source.hpp"
 #include "checkpoint/distributed/variables_source.hpp"
+#include "checkpoint/safetensors_file.hpp"
 #include "flowlet/distributed_checkpoint.hpp"
 #include "flowlet/mirrored.hpp"
 #include "flowlet/optim.hpp"
@@ -350,7 +350,8 @@ struct Corruptible {
   std::vector<std::string> saved;
 
   Corruptible() {
-    manager = std::make_unique<fl::DistributedCheckpointManager>(dir.path, fl::DistributedCheckpointOptions{.max_to_keep = 5});
+    manager = std::make_unique<fl::DistributedCheckpointManager>(dir.path,
+                                                                 fl::DistributedCheckpointOptions{.max_to_keep = 5});
     manager->add(vars);
     ckpt::ManagerAccess::add_source(*manager, source);
     manager->save(1);
@@ -465,7 +466,8 @@ TEST_CASE("a missing shard, a shard from another checkpoint, a manifest of anoth
   CHECK(c.manager->restore(c.checkpoint).step == 1);
 }
 
-TEST_CASE("refusals: a missing variable, another dtype (DTypeError), another shape (ShapeError), naming variable and file") {
+TEST_CASE(
+    "refusals: a missing variable, another dtype (DTypeError), another shape (ShapeError), naming variable and file") {
   TempDir dir;
   {
     fl::DistributedCheckpointManager m(dir.path, {.background = false});
@@ -509,7 +511,9 @@ TEST_CASE("refusals: a missing variable, another dtype (DTypeError), another sha
   }
 }
 
-TEST_CASE("retention keeps the newest max_to_keep; a lower step supersedes higher ones; incomplete saves ignored and cleaned") {
+TEST_CASE(
+    "retention keeps the newest max_to_keep; a lower step supersedes higher ones; incomplete saves ignored and "
+    "cleaned") {
   TempDir dir;
   fl::Variable v(fl::zeros({2}), "v");
   fl::DistributedCheckpointManager manager(dir.path, {.max_to_keep = 2, .background = false});
@@ -549,7 +553,8 @@ TEST_CASE("retention keeps the newest max_to_keep; a lower step supersedes highe
   v.assign(fl::full({2}, 8.0));
   manager.save(45);
   int shards = 0;
-  for (const auto& entry : fs::directory_iterator(dir.path + "/ckpt-000045")) shards += entry.path().extension() == ".safetensors";
+  for (const auto& entry : fs::directory_iterator(dir.path + "/ckpt-000045"))
+    shards += entry.path().extension() == ".safetensors";
   CHECK(shards == 1);
   v.assign(fl::zeros({2}));
   REQUIRE(manager.restore_latest()->step == 45);
@@ -568,17 +573,23 @@ TEST_CASE("option and argument errors name the function and the value") {
   };
   CHECK_CONTAINS(message([] { fl::DistributedCheckpointManager m(""); }), "directory is empty");
   CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path + std::string("\0x", 2)); }), "NUL");
-  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.max_to_keep = 0}); }), "max_to_keep must be at least 1; got 0");
+  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.max_to_keep = 0}); }),
+                 "max_to_keep must be at least 1; got 0");
   CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.prefix = ""}); }), "prefix");
   CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.prefix = "a/b"}); }), "a/b");
-  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_steps = -1}); }), "every_steps must be >= 0");
-  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_seconds = -1}); }), "every_seconds");
-  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_seconds = std::nan("")}); }), "every_seconds");
+  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_steps = -1}); }),
+                 "every_steps must be >= 0");
+  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_seconds = -1}); }),
+                 "every_seconds");
+  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_seconds = std::nan("")}); }),
+                 "every_seconds");
 
   fl::DistributedCheckpointManager manager(dir.path);
   CHECK_CONTAINS(message([&] { manager.add({fl::Variable()}); }), "empty Variable handle");
   CHECK_CONTAINS(message([&] { manager.add({fl::Variable(fl::zeros({1}))}); }), "empty name");
-  CHECK_CONTAINS(message([&] { manager.add({fl::Variable(fl::zeros({1}), "a"), fl::Variable(fl::zeros({1}), "a")}); }),
+  CHECK_CONTAINS(message([&] {
+                   manager.add({fl::Variable(fl::zeros({1}), "a"), fl::Variable(fl::zeros({1}), "a")});
+                 }),
                  "'a' is already among");
   CHECK_CONTAINS(message([&] { manager.add({fl::Variable(fl::zeros({1}), "__metadata__")}); }), "__metadata__");
   manager.add({fl::Variable(fl::zeros({1}), "a")});
@@ -703,7 +714,8 @@ TEST_CASE("a checkpoint written by 2 processes restores in a job of 1 (every var
     REQUIRE(shards.size() == 1);
     std::vector<fl::checkpoint::NamedTensor> tensors;
     for (ckpt::Piece& piece : shards[0].pieces) {
-      manifest.tensors.push_back({piece.tensor, piece.dtype, piece.shape, {{shards[0].name, piece.row_begin, piece.row_end, piece.tensor}}});
+      manifest.tensors.push_back(
+          {piece.tensor, piece.dtype, piece.shape, {{shards[0].name, piece.row_begin, piece.row_end, piece.tensor}}});
       tensors.push_back({piece.tensor, piece.value});
     }
     CHECK_FALSE(tensors.empty());  // both processes write some
@@ -733,8 +745,8 @@ TEST_CASE("a save killed with SIGKILL at a random moment leaves the previous or 
   std::vector<std::vector<fl::Variable>> states;
   std::vector<std::vector<std::string>> expected;
   for (int s = 0; s < kStates; ++s) {
-    states.push_back({fl::Variable(fl::full({1 << 18}, s + 1.0), "big"),
-                      fl::Variable(fl::full({16}, s * 100.0, fl::i64), "small")});
+    states.push_back(
+        {fl::Variable(fl::full({1 << 18}, s + 1.0), "big"), fl::Variable(fl::full({16}, s * 100.0, fl::i64), "small")});
     expected.push_back(contents(states.back()));
   }
   const auto started = std::chrono::steady_clock::now();
@@ -803,7 +815,8 @@ TEST_CASE("a save killed with SIGKILL at a random moment leaves the previous or 
     steps_seen.insert(step);
   }
   MESSAGE("one save took " << save_us << " us; " << steps_seen.size() << " distinct steps over " << kRounds
-                           << " kills; " << killed_mid_write << " step directories without a manifest seen after kills (summed over rounds)");
+                           << " kills; " << killed_mid_write
+                           << " step directories without a manifest seen after kills (summed over rounds)");
   CHECK(killed_mid_write > 0);
   CHECK(steps_seen.size() > kRounds / 2);
 }
