@@ -14,13 +14,6 @@ namespace flowlet::detail::ps::checkpoint {
 
 namespace {
 
-std::string slot_list(const std::vector<std::string>& slots) {
-  if (slots.empty()) return "no slots";
-  std::string text = "slots ";
-  for (size_t i = 0; i < slots.size(); ++i) text += (i ? ", " : "") + slots[i];
-  return text;
-}
-
 // Slots and counters made while installing are plain local variables, whatever strategy scope the
 // calling thread is in (run() may be called inside a scope).
 class LocalVariables {
@@ -39,6 +32,13 @@ class LocalVariables {
 };
 
 }  // namespace
+
+std::string slot_list(const std::vector<std::string>& slots) {
+  if (slots.empty()) return "no slots";
+  std::string text = "slots ";
+  for (size_t i = 0; i < slots.size(); ++i) text += (i ? ", " : "") + slots[i];
+  return text;
+}
 
 Tensor private_host_copy(const Tensor& t) {
   EagerScope eager;

@@ -46,6 +46,9 @@ class OptimizerState final : public PendingOptimizerState {
 // reached it) are zeros, as build() would make them.
 OptimizerState capture_optimizer_state(const StrategyCore& core, const std::vector<VariablePlacement>& placements);
 
+// "slots m, v" ("no slots"), for messages.
+std::string slot_list(const std::vector<std::string>& slots);
+
 // A copy of `t` on the host, contiguous, sharing no memory with it (what a snapshot hands to the
 // background writer while training goes on).
 Tensor private_host_copy(const Tensor& t);

@@ -169,10 +169,10 @@ void ParameterServerSource::load(const ckpt::ProcessView& /*view*/, ckpt::Reader
   if (!job.optimizer.empty() && core_->servers_made() &&
       (job.optimizer != core_->optimizer_name() || job.slots != core_->optimizer_slots())) {
     fail<InvalidArgument>(
-        "{}: checkpoint {} holds the state of optimizer '{}' ({} slots), but this job's servers run "
-        "'{}' ({} slots); restore it into a strategy that runs '{}'",
-        kRestore, path, job.optimizer, job.slots.size(), core_->optimizer_name(), core_->optimizer_slots().size(),
-        job.optimizer);
+        "{}: checkpoint {} holds the state of optimizer '{}' ({}), but this job's servers run '{}' "
+        "({}); restore it into a strategy that runs '{}'",
+        kRestore, path, job.optimizer, slot_list(job.slots), core_->optimizer_name(),
+        slot_list(core_->optimizer_slots()), job.optimizer);
   }
 
   const std::vector<VariablePlacement> placements = core_->variables->placements();
