@@ -11,6 +11,7 @@
 // source.hpp), which also lets the refusal cases edit what a checkpoint records.
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -26,7 +27,7 @@
 #include "support/replicas.hpp"
 
 #ifndef PS_CHECKPOINT_WITH_MANAGER
-#define PS_CHECKPOINT_WITH_MANAGER 0  // TEMPORARY until the manager lands
+#define PS_CHECKPOINT_WITH_MANAGER 1
 #endif
 
 namespace {
@@ -601,4 +602,57 @@ TEST_CASE("ps checkpoint: server variables need unique names") {
   MemoryStore store;
   CHECK_THROWS_WITH_AS(fl::detail::ps::checkpoint::ParameterServerSource(fl::detail::ps::StrategyAccess::core(ps)),
                        doctest::Contains("two server variables are named 'same'"), fl::InvalidArgument);
+}
+
+TEST_CASE("ps checkpoint: a damaged or foreign checkpoint on disk is refused before anything changes") {
+  ensure_devices();
+  ManagerStore store;
+  Model saved(2);
+  store.attach(saved);
+  train(saved, 0, 4, ids_before);
+  store.save(saved, 4);
+  const std::string checkpoint = store.manager(saved).latest().value();
+  std::map<std::string, std::filesystem::path> shard_files;  // "server-0" -> its file
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoint)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("server-")) shard_files[name.substr(0, name.find('.'))] = entry.path();
+  }
+  REQUIRE(shard_files.size() == 2);  // one file per server
+
+  Model m(2);
+  store.attach(m);
+  train(m, 0, 2, ids_after);
+  const std::filesystem::path damaged = shard_files.at("server-1");
+  const std::string file_name = damaged.filename().string();
+  {  // a flipped bit in server 1's rows
+    std::fstream file(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = static_cast<std::streamoff>(std::filesystem::file_size(damaged));
+    file.seekg(size - 3);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x10);
+    file.seekp(size - 3);
+    file.write(&byte, 1);
+  }
+  check_refused<fl::InvalidArgument>(m, [&] { store.manager(m).restore(checkpoint); }, {file_name});
+  std::filesystem::resize_file(damaged, std::filesystem::file_size(damaged) / 2);  // truncated
+  check_refused<fl::InvalidArgument>(m, [&] { store.manager(m).restore(checkpoint); }, {file_name});
+  std::filesystem::remove(damaged);  // missing
+  check_refused<fl::InvalidArgument>(m, [&] { store.manager(m).restore(checkpoint); }, {file_name});
+
+  // A checkpoint of plain variables (another kind of job) in another directory.
+  const std::filesystem::path other = store.directory().string() + "_plain";
+  {
+    fl::DistributedCheckpointOptions options;
+    options.background = false;
+    fl::DistributedCheckpointManager plain(other.string(), options);
+    fl::Variable w(fl::zeros({6, 3}), "w");
+    plain.add({w});
+    plain.save(1);
+  }
+  const std::string foreign = (other / "ckpt-000001").string();
+  REQUIRE(std::filesystem::exists(foreign));
+  check_refused<fl::InvalidArgument>(m, [&] { store.manager(m).restore(foreign); },
+                                     {"not written by a parameter-server job"});
+  std::filesystem::remove_all(other);
 }

@@ -9,7 +9,7 @@ namespace flowlet::detail::ps::checkpoint {
 
 namespace {
 
-constexpr const char* kWho = "DistributedCheckpointManager (parameter servers)";
+constexpr const char* kWho = "DistributedCheckpointManager::restore (ParameterServerStrategy)";
 
 std::string joined(const std::vector<std::string>& items) {
   std::string text;
