@@ -181,13 +181,16 @@ class ManagerStore final : public Store {
     std::filesystem::remove_all(directory_, ignored);
   }
   void attach(Model& m) override {
-    fl::DistributedCheckpointOptions options;
-    options.background = false;
-    auto manager = std::make_unique<fl::DistributedCheckpointManager>(directory_.string(), options);
+    // Background writes (the default): save() returns after the snapshot's copies, wait() when
+    // the checkpoint is complete.
+    auto manager = std::make_unique<fl::DistributedCheckpointManager>(directory_.string());
     manager->add(m.ps);
     managers_[&m] = std::move(manager);
   }
-  void save(Model& m, int64_t step) override { managers_.at(&m)->save(step, {{"batch", step}}); }
+  void save(Model& m, int64_t step) override {
+    managers_.at(&m)->save(step, {{"batch", step}});
+    managers_.at(&m)->wait();
+  }
   void restore(Model& m) override {
     const std::optional<fl::RestoredCheckpoint> restored = managers_.at(&m)->restore_latest();
     REQUIRE(restored.has_value());
