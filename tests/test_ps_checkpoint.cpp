@@ -38,9 +38,10 @@ using fl::TrainingMode;
 void ensure_devices() { test::ensure_cpu_devices(8); }
 
 // ---------------------------------------------------------------------------------------------
-// The model: y = x w + b (dense, split by rows over every server) plus an embedding table looked
-// up sparsely (split by rows: with 2 servers rows [0, 5) and [5, 10)), trained by Adam on the
-// servers in sync mode with one worker, so that a run is deterministic.
+// The model: y = x w scale + b (w and b split by rows over every server, the scalar scale whole on
+// one) plus an embedding table looked up sparsely (split by rows: with 2 servers rows [0, 5) and
+// [5, 10)), trained by Adam on the servers in sync mode with one worker, so that a run is
+// deterministic.
 
 // Variations of the model, for the checkpoints that must not fit.
 struct Variant {
@@ -56,6 +57,7 @@ struct Model {
     w = fl::Variable(fl::randn({6, 3}, /*seed=*/7), "w");
     b = fl::Variable(fl::zeros({3}), "b");
     table = fl::Variable(fl::randn({variant.table_rows, 4}, /*seed=*/5, variant.table_dtype), "table");
+    scale = fl::Variable(fl::scalar(0.5f), "scale");  // rank 0: placed whole on one server
     if (variant.extra) extra = fl::Variable(fl::ones({2}), "extra");
   }
   static fl::ParameterServerOptions options(int servers, int workers) {
@@ -68,10 +70,10 @@ struct Model {
     o.timeout_seconds = 20;
     return o;
   }
-  std::vector<fl::Variable> params() const { return {w, b, table}; }
+  std::vector<fl::Variable> params() const { return {w, b, table, scale}; }
 
   fl::ParameterServerStrategy ps;
-  fl::Variable w, b, table, extra;
+  fl::Variable w, b, table, scale, extra;
 };
 
 fl::ParameterServerStrategy::OptimizerFactory adam() {
@@ -91,7 +93,8 @@ void train(Model& m, int first, int steps, const Ids& ids,
       const fl::Tensor id_tensor = fl::tensor(rows, fl::Shape{static_cast<int64_t>(rows.size())});
       fl::GradientTape tape;
       const fl::Tensor looked_up = fl::gather(m.table, id_tensor);
-      const fl::Tensor loss = fl::mean(fl::square(fl::matmul(x, m.w) + m.b - y)) + fl::cast(fl::sum(fl::square(looked_up)), fl::f32);
+      const fl::Tensor loss = fl::mean(fl::square(fl::matmul(x, m.w) * m.scale + m.b - y)) +
+                              fl::cast(fl::sum(fl::square(looked_up)), fl::f32);
       const std::vector<fl::Variable> params = m.params();
       worker.apply_gradients(tape.gradient(loss, params), params);
     }
@@ -374,6 +377,7 @@ TEST_CASE("ps checkpoint: 2 servers -> 3 -> 1: rows re-sharded, slots with them,
     CHECK(restored3.counts.at("table") == std::vector<int64_t>{4, 4, 1});
     CHECK(restored3.counts.at("w") == std::vector<int64_t>{4, 4, 4});
     CHECK(restored3.counts.at("b") == std::vector<int64_t>{4, 4, 4});
+  CHECK(restored3.counts.at("scale") == std::vector<int64_t>{4});
     // Rows 1 and 8 keep their pieces' counts in both placements: training continues as on 2 servers.
     train(three, 4, 3, ids_after);
     const State three_continued = state_of(three);
