@@ -13,7 +13,7 @@ shape: equal up to the last printed digit; on 1 replica instead of 2, within flo
 A resume with another batch size is refused, and --resume on an empty directory starts fresh. With
 --mpirun the stopped run is `mpirun -np 2` and the resumes run in one process (saved by 2, resumed on 1).
 
-ps (examples/ps_embedding, a tiny vocabulary, synchronous steps): an uninterrupted run of 30 steps
+ps (examples/ps_embedding, a small vocabulary whose table is still split, synchronous steps): an uninterrupted run of 30 steps
 per worker gives the reference test accuracy and AUC; 20 steps per worker in chunks of 10 leave the
 checkpoints of steps 40 and 80 (4 workers); --resume with 3 servers instead of 2 and --steps 30 must
 say "at step 80 (next step of workers 0..3: 20, 20, 20, 20)", finish the 40 remaining worker steps,
@@ -140,7 +140,7 @@ def test_figures(output):
 def ps(program, mpirun, work):
     # Synchronous steps, so that an uninterrupted run is a reference to compare with (each step
     # averages every worker's gradient: the same up to the order of the sum).
-    tiny = ["--vocab", "2000", "--batch-size", "128", "--mode", "sync"]
+    tiny = ["--vocab", "20000", "--batch-size", "128", "--mode", "sync"]  # 80,000 rows: split
     directory = os.path.join(work, "ps")
     in_process_workers = [] if mpirun else ["--workers", "4"]
     _, output = run(launcher(mpirun, 6) + [program] + tiny + in_process_workers + ["--steps", "30"])
