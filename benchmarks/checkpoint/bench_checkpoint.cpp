@@ -17,7 +17,7 @@
 // at the end.
 //
 //   bench_checkpoint [--repeats N] [--rounds N] [--window-seconds S] [--short-window-seconds S]
-//                    [--long-interval S] [--short-interval S] [--dir DIR] [--quick]
+//                    [--long-interval S] [--short-interval S] [--dir DIR] [--models mlp,ps] [--quick]
 //   --quick: --repeats 3 --rounds 1 --window-seconds 3 --short-window-seconds 2 --long-interval 2
 //            --short-interval 0.5 (a smoke run of every path; the ratios mean little)
 #include <algorithm>
@@ -58,6 +58,7 @@ struct Options {
   double long_interval = 30;
   double short_interval = 1;
   std::string dir = "/tmp";
+  bool mlp = true, ps = true;  // --models mlp,ps
 };
 
 Options parse(int argc, char** argv) {
@@ -75,6 +76,12 @@ Options parse(int argc, char** argv) {
     else if (arg == "--long-interval") o.long_interval = std::stod(value());
     else if (arg == "--short-interval") o.short_interval = std::stod(value());
     else if (arg == "--dir") o.dir = value();
+    else if (arg == "--models") {
+      const std::string models = value();
+      o.mlp = models == "mlp" || models == "mlp,ps" || models == "ps,mlp";
+      o.ps = models == "ps" || models == "mlp,ps" || models == "ps,mlp";
+      if (!o.mlp && !o.ps) throw fl::InvalidArgument("bench_checkpoint: --models takes mlp, ps or mlp,ps; got " + models);
+    }
     else if (arg == "--quick") {
       o.repeats = 3, o.rounds = 1, o.window_seconds = 3, o.short_window_seconds = 2;
       o.long_interval = 2, o.short_interval = 0.5;
@@ -328,13 +335,13 @@ int run(const Options& o) {
   fmt::print("\n-- saves and restores: checkpoint size; save() on the training thread, the manager's copy "
              "(copy_seconds), the background write (write_seconds), restore_latest(); median [min, max] of {}\n",
              o.repeats);
-  {
+  if (o.mlp) {
     Mlp mlp;
     fl::DistributedCheckpointManager manager(scratch.fresh(), {.max_to_keep = 2});
     mlp.add_to(manager);
     print_save_figures("demo MLP 784-256-10 + Adam", measure_saves(manager, o.repeats, [&] { mlp.step(); }));
   }
-  {
+  if (o.ps) {
     PsModel model;
     model.run(3, 0);  // the servers' Adam state exists after a run
     fl::DistributedCheckpointManager manager(scratch.fresh(), {.max_to_keep = 2});
@@ -342,10 +349,16 @@ int run(const Options& o) {
     print_save_figures("ps_embedding 400k x 8 + MLP + Adam", measure_saves(manager, o.repeats, [&] { model.run(2, 0); }));
   }
 
-  throughput_section("demo MLP, eager, batch 128", o,
-                     [&](double seconds, std::optional<double> interval) { return mlp_throughput(scratch, seconds, interval); });
-  throughput_section("ps_embedding model, 2 servers + 2 workers", o,
-                     [&](double seconds, std::optional<double> interval) { return ps_throughput(scratch, seconds, interval); });
+  if (o.mlp) {
+    throughput_section("demo MLP, eager, batch 128", o, [&](double seconds, std::optional<double> interval) {
+      return mlp_throughput(scratch, seconds, interval);
+    });
+  }
+  if (o.ps) {
+    throughput_section("ps_embedding model, 2 servers + 2 workers", o, [&](double seconds, std::optional<double> interval) {
+      return ps_throughput(scratch, seconds, interval);
+    });
+  }
   return 0;
 }
 
