@@ -53,24 +53,31 @@ inline double parse_number(const std::string& program, const std::string& option
   return value;
 }
 
+inline std::string non_empty(const std::string& program, const std::string& option, std::string text) {
+  if (text.empty()) throw flowlet::InvalidArgument(fmt::format("{}: {} needs a value; got ''", program, option));
+  return text;
+}
+
 struct CheckpointFlags {
   std::string directory;  // empty: no checkpoints
   int64_t every_steps = 0;
   std::optional<double> every_seconds;  // unset: 30 when a directory is given
   int64_t keep = 3;
   bool resume = false;
+  bool needs_directory = false;  // an option other than --checkpoint-dir was given
 
   bool enabled() const { return !directory.empty(); }
 
   // Takes `arg` when it is one of the options above (value() reads its value); false otherwise.
   template <class Value>
   bool parse(const std::string& program, const std::string& arg, Value& value) {
-    if (arg == "--checkpoint-dir") directory = value();
+    if (arg == "--checkpoint-dir") directory = non_empty(program, arg, value());
     else if (arg == "--checkpoint-every-steps") every_steps = parse_integer(program, arg, value());
     else if (arg == "--checkpoint-every-seconds") every_seconds = parse_number(program, arg, value());
     else if (arg == "--keep") keep = parse_integer(program, arg, value());
     else if (arg == "--resume") resume = true;
     else return false;
+    needs_directory = needs_directory || arg != "--checkpoint-dir";
     return true;
   }
 
@@ -82,9 +89,9 @@ struct CheckpointFlags {
           "got {}, {}, {}",
           program, every_steps, every_seconds.value_or(30), keep));
     }
-    if (!enabled() && (resume || every_steps != 0 || every_seconds)) {
+    if (!enabled() && needs_directory) {
       throw flowlet::InvalidArgument(fmt::format(
-          "{}: --resume, --checkpoint-every-steps and --checkpoint-every-seconds need --checkpoint-dir", program));
+          "{}: --resume, --keep, --checkpoint-every-steps and --checkpoint-every-seconds need --checkpoint-dir", program));
     }
   }
 

@@ -117,6 +117,12 @@ std::pair<int64_t, Position> resume(fl::DistributedCheckpointManager& checkpoint
   }
   const Position position{examples::metadata_value(*restored, "epoch", program),
                           examples::metadata_value(*restored, "batch", program)};
+  if (position.epoch < 1 || position.batch < 0 || position.batch >= steps_per_epoch || restored->step < 0) {
+    throw fl::InvalidArgument(fmt::format("{}: checkpoint {} holds no valid data position: step {}, epoch {}, batch {} "
+                                          "of {}",
+                                          program, restored->path, restored->step, position.epoch, position.batch,
+                                          steps_per_epoch));
+  }
   say(examples::describe_restore(*restored, fmt::format("epoch {}, batch {}", position.epoch, position.batch), seconds));
   return {restored->step, position};
 }

@@ -264,6 +264,10 @@ void resume(fl::DistributedCheckpointManager& checkpoints, const Options& o, int
   }
   for (size_t w = 0; w < next_step.size(); ++w) {
     next_step[w] = examples::metadata_value(*restored, fmt::format("next_step.worker{}", w), program);
+    if (next_step[w] < 0) {
+      throw fl::InvalidArgument(fmt::format("{}: checkpoint {} gives worker {} the next step {}", program,
+                                            restored->path, w, next_step[w]));
+    }
   }
   say(examples::describe_restore(*restored, fmt::format("next step of workers 0..{}: {}", workers - 1,
                                                         fmt::join(next_step, ", ")),
