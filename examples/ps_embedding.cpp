@@ -13,6 +13,18 @@
 //
 //   ps_embedding [--servers S] [--workers W] [--mode async|sync|sync-backup|staleness] [--staleness K]
 //                [--steps N] [--batch-size B] [--vocab V] [--dim D] [--lr X] [--seed S] [--min-auc A]
+//                [--checkpoint-dir DIR [--checkpoint-every-steps N] [--checkpoint-every-seconds X]
+//                 [--keep N] [--resume]]
+//
+// Checkpoints (examples/checkpoint_flags.hpp): with --checkpoint-dir the job runs in chunks, each
+// one run() of the strategy in which every worker takes up to N more steps (or until X seconds,
+// default 30, have passed: the first worker past it stops them all); between chunks, with the
+// servers quiet, the table, the MLP, the servers' Adagrad accumulators and every worker's next step
+// are saved. Checkpoint S holds the state after S worker steps in all. --resume restores the latest
+// complete checkpoint and continues each worker's own sequence of batches (worker w's step i always
+// reads batch (w, i)); it works with another number of servers (rows re-sharded), while another
+// number of workers is refused (their data positions would not map). --steps counts each worker's
+// steps in all, resumed ones included.
 //
 // Ids are Zipf-distributed (a few ids are frequent, most are rare), as in click logs; rare ids are
 // seen too seldom to learn, which is part of the gap to the ground truth.
@@ -20,13 +32,19 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <flowlet/collective.hpp>
 #include <flowlet/flowlet.hpp>
 #include <flowlet/parameter_server.hpp>
+
+#include "checkpoint_flags.hpp"
 
 namespace fl = flowlet;
 
@@ -47,6 +65,7 @@ struct Options {
   double lr = 0.1;
   uint64_t seed = 1;
   double min_auc = 0;  // exit 1 below this test AUC (the test run's check that it learned)
+  examples::CheckpointFlags checkpoints;
 };
 
 Options parse(int argc, char** argv) {
@@ -68,7 +87,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--lr") o.lr = std::stod(value());
     else if (arg == "--seed") o.seed = std::stoull(value());
     else if (arg == "--min-auc") o.min_auc = std::stod(value());
-    else throw fl::InvalidArgument("ps_embedding: unknown option " + arg);
+    else if (!o.checkpoints.parse("ps_embedding", arg, value)) throw fl::InvalidArgument("ps_embedding: unknown option " + arg);
   }
   if (o.servers < 1 || o.workers < 1 || o.steps < 1 || o.batch_size < 1 || o.vocab < 2 || o.dim < 1 || !(o.lr > 0) ||
       o.staleness < 0) {
@@ -77,6 +96,7 @@ Options parse(int argc, char** argv) {
         "got {} {} {} {} {}, {}, {}, {}",
         o.servers, o.workers, o.steps, o.batch_size, o.dim, o.vocab, o.lr, o.staleness));
   }
+  o.checkpoints.check("ps_embedding");
   return o;
 }
 
@@ -220,6 +240,40 @@ fl::ParameterServerOptions strategy_options(const Options& o) {
   return options;
 }
 
+// Restores the latest checkpoint into the strategy's variables and servers (added to
+// `checkpoints`) and sets every worker's next step from it; a fresh start when there is none. A
+// checkpoint saved with another batch size or seed would continue other sequences: refused.
+void resume(fl::DistributedCheckpointManager& checkpoints, const Options& o, int workers,
+            std::vector<int64_t>& next_step, const std::function<void(const std::string&)>& say) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::optional<fl::RestoredCheckpoint> restored = checkpoints.restore_latest();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!restored) {
+    say(fmt::format("no checkpoint in {}: starting fresh\n", checkpoints.directory()));
+    return;
+  }
+  const std::string program = "ps_embedding";
+  const int64_t saved_workers = examples::metadata_value(*restored, "workers", program);
+  const int64_t batch_size = examples::metadata_value(*restored, "batch_size", program);
+  const int64_t seed = examples::metadata_value(*restored, "seed", program);
+  if (saved_workers != workers || batch_size != o.batch_size || seed != static_cast<int64_t>(o.seed)) {
+    throw fl::InvalidArgument(fmt::format(
+        "{}: checkpoint {} was saved by {} workers with batch size {} and seed {}; this run has {}, {} and {}: it "
+        "would not continue the same sequences of batches",
+        program, restored->path, saved_workers, batch_size, seed, workers, o.batch_size, o.seed));
+  }
+  for (size_t w = 0; w < next_step.size(); ++w) {
+    next_step[w] = examples::metadata_value(*restored, fmt::format("next_step.worker{}", w), program);
+    if (next_step[w] < 0) {
+      throw fl::InvalidArgument(fmt::format("{}: checkpoint {} gives worker {} the next step {}", program,
+                                            restored->path, w, next_step[w]));
+    }
+  }
+  say(examples::describe_restore(*restored, fmt::format("next step of workers 0..{}: {}", workers - 1,
+                                                        fmt::join(next_step, ", ")),
+                                 seconds));
+}
+
 int run(const Options& o) {
   fl::ParameterServerStrategy ps(strategy_options(o));
   const bool leader = fl::process_index() == 0;
@@ -251,27 +305,81 @@ int run(const Options& o) {
   say(fmt::format("embedding table {} x {} ({:.1f} MB):{}; MLP {} -> 32 -> 2 placed whole\n", rows, o.dim,
                   static_cast<double>(rows * o.dim * 4) / 1e6, placement, kFeatures * o.dim));
 
+  // With checkpoints the job runs in chunks (see the top of this file); without, in one run().
+  std::unique_ptr<fl::DistributedCheckpointManager> checkpoints;
+  std::vector<int64_t> next_step(static_cast<size_t>(ps.num_workers()), 0);  // each worker's next batch
+  auto steps_done = [&] { return std::accumulate(next_step.begin(), next_step.end(), int64_t{0}); };
+  auto save_metadata = [&] {
+    std::map<std::string, int64_t> metadata{
+        {"workers", ps.num_workers()}, {"batch_size", o.batch_size}, {"seed", static_cast<int64_t>(o.seed)}};
+    for (size_t w = 0; w < next_step.size(); ++w) metadata[fmt::format("next_step.worker{}", w)] = next_step[w];
+    return metadata;
+  };
+  if (o.checkpoints.enabled()) {
+    checkpoints = std::make_unique<fl::DistributedCheckpointManager>(o.checkpoints.directory, o.checkpoints.options());
+    checkpoints->add(ps);  // the table and the MLP (server variables) and the servers' Adagrad state
+    say(fmt::format("checkpoints in {}: {}, the last {} kept\n", o.checkpoints.directory, o.checkpoints.rules(),
+                    o.checkpoints.keep));
+    if (o.checkpoints.resume) resume(*checkpoints, o, ps.num_workers(), next_step, say);
+  }
+
   const int64_t batch = o.batch_size;
+  const int64_t chunk_steps = checkpoints && o.checkpoints.every_steps > 0 ? o.checkpoints.every_steps : o.steps;
+  const double chunk_seconds = checkpoints ? o.checkpoints.seconds() : 0;
   const auto start = std::chrono::steady_clock::now();
-  const fl::ParameterServerStats stats = ps.run(
-      [&] { return std::make_unique<Adagrad>(o.lr); },
-      [&](fl::ps::Worker& worker) {
-        auto step = fl::trace([&](fl::Tensor ids, fl::Tensor labels) {
-          fl::GradientTape tape;
-          const int64_t n = ids.shape()[0];
-          const fl::Tensor embedded = fl::gather(table, fl::reshape(ids, fl::Shape{n * kFeatures}));  // pulls rows
-          const fl::Tensor logits = mlp(fl::reshape(embedded, fl::Shape{n, kFeatures * o.dim}));
-          const fl::Tensor loss = fl::mean(fl::softmax_cross_entropy(logits, labels));
-          worker.apply_gradients(tape.gradient(loss, params), params);  // the table's as (ids, rows)
-          return loss;
+  int64_t worker_steps = 0, worker_bytes = 0, saves = 0;
+  auto unfinished = [&] {
+    return std::any_of(next_step.begin(), next_step.end(), [&](int64_t next) { return next < o.steps; });
+  };
+  while (unfinished()) {
+    const auto chunk_start = std::chrono::steady_clock::now();
+    const fl::ParameterServerStats chunk = ps.run(
+        [&] { return std::make_unique<Adagrad>(o.lr); },
+        [&](fl::ps::Worker& worker) {
+          auto step = fl::trace([&](fl::Tensor ids, fl::Tensor labels) {
+            fl::GradientTape tape;
+            const int64_t n = ids.shape()[0];
+            const fl::Tensor embedded = fl::gather(table, fl::reshape(ids, fl::Shape{n * kFeatures}));  // pulls rows
+            const fl::Tensor logits = mlp(fl::reshape(embedded, fl::Shape{n, kFeatures * o.dim}));
+            const fl::Tensor loss = fl::mean(fl::softmax_cross_entropy(logits, labels));
+            worker.apply_gradients(tape.gradient(loss, params), params);  // the table's as (ids, rows)
+            return loss;
+          });
+          // next_step is only written between runs, so the worker threads read it safely.
+          const int64_t first = next_step[static_cast<size_t>(worker.index())];
+          const int64_t end = std::min(o.steps, first + chunk_steps);
+          for (int64_t i = first; i < end && !worker.should_stop(); ++i) {
+            const auto data = truth.sample(batch, o.seed * 1'000'003 + static_cast<uint64_t>(worker.index()) * 100'003 +
+                                                      static_cast<uint64_t>(i) + 1);
+            (void)step(data.ids, data.labels);
+            if (chunk_seconds > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - chunk_start).count() >=
+                                         chunk_seconds) {
+              worker.request_stop();  // time for a checkpoint: every worker ends its chunk
+            }
+          }
         });
-        for (int64_t i = 0; i < o.steps && !worker.should_stop(); ++i) {
-          const auto data = truth.sample(batch, o.seed * 1'000'003 + static_cast<uint64_t>(worker.index()) * 100'003 +
-                                                    static_cast<uint64_t>(i) + 1);
-          (void)step(data.ids, data.labels);
-        }
-      });
+    // Every process has every worker's counters (one step = one push), so all agree on next_step.
+    int64_t progress = 0;
+    for (const fl::WorkerStats& w : chunk.workers) {
+      next_step[static_cast<size_t>(w.worker)] += w.steps;
+      progress += w.steps;
+      worker_bytes += w.bytes_sent + w.bytes_received;
+    }
+    worker_steps += progress;
+    if (!checkpoints) break;  // one run() of o.steps per worker: the whole job
+    if (progress == 0) {
+      throw fl::Error(fmt::format("ps_embedding: a chunk of training made no progress (next steps {})",
+                                  fmt::join(next_step, ", ")));
+    }
+    checkpoints->save(steps_done(), save_metadata());
+    ++saves;
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const fl::ParameterServerStats& stats = ps.last_stats();  // the last chunk's
+  if (checkpoints) {
+    checkpoints->wait();
+    say(examples::describe_saves(saves, checkpoints->last_save_stats()));
+  }
 
   // After run() every process holds the servers' values: evaluate locally (an ordinary gather).
   const GroundTruth::Batch test = truth.sample(20'000, /*stream=*/o.seed + 0x7e57);
@@ -284,8 +392,6 @@ int run(const Options& o) {
   const double positives =
       static_cast<double>(std::count(test.label_values.begin(), test.label_values.end(), 1)) / static_cast<double>(n);
 
-  int64_t worker_steps = 0, worker_bytes = 0;
-  for (const fl::WorkerStats& w : stats.workers) worker_steps += w.steps, worker_bytes += w.bytes_sent + w.bytes_received;
   say(stats.summary());
   say(fmt::format("{} worker steps in {:.2f} s ({:.0f} steps/s, {:.0f} examples/s)\n", worker_steps, seconds,
                   static_cast<double>(worker_steps) / seconds,
