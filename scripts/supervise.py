@@ -148,8 +148,11 @@ def pid_alive(pid):
 class Supervisor:
     """Runs attempts of one command; forwards SIGINT/SIGTERM to the running attempt's group."""
 
-    def __init__(self, command, timeout=0.0, grace=5.0, log=None, stdout_line=None, on_start=None):
+    def __init__(self, command, timeout=0.0, grace=5.0, log=None, stdout_line=None, on_start=None, env=None,
+                 echo_stderr=True):
         self.command = list(command)
+        self.echo_stderr = echo_stderr  # False: stderr is only kept for the failure report
+        self.env = env  # the attempts' environment (None: ours)
         self.timeout = timeout
         self.grace = grace
         self.log = log or (lambda text: print(text, file=sys.stderr, flush=True))
@@ -179,7 +182,7 @@ class Supervisor:
         tail = collections.deque(maxlen=STDERR_TAIL_LINES)
         begin = time.monotonic()
         child = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True)
+                                 start_new_session=True, env=self.env)
         with self._lock:
             self._child = child
 
@@ -194,7 +197,8 @@ class Supervisor:
             for raw in child.stderr:
                 line = raw.decode(errors="replace").rstrip("\n")
                 tail.append(line)
-                print(line, file=sys.stderr, flush=True)
+                if self.echo_stderr:
+                    print(line, file=sys.stderr, flush=True)
 
         pumps = [threading.Thread(target=pump_stdout, daemon=True), threading.Thread(target=pump_stderr, daemon=True)]
         for p in pumps:
