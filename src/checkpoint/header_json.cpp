@@ -60,7 +60,8 @@ void append_utf8(std::string& out, uint32_t code) {
 
 class Parser {
  public:
-  Parser(std::string_view text, std::string_view op, std::string_view path) : text_(text), op_(op), path_(path) {}
+  Parser(std::string_view text, std::string_view op, std::string_view path, bool any_arrays = false)
+      : text_(text), op_(op), path_(path), any_arrays_(any_arrays) {}
 
   JsonValue parse_document() {
     skip_whitespace();
@@ -72,6 +73,10 @@ class Parser {
 
  private:
   [[noreturn]] void error(std::string_view why) const {
+    if (any_arrays_) {
+      detail::fail<InvalidArgument>("{}: '{}' is not valid JSON: {} at byte {}; got a {}-byte file", op_, path_, why,
+                                    pos_, text_.size());
+    }
     detail::fail<InvalidArgument>("{}: header of '{}' is not valid JSON: {} at byte {}; got a {}-byte header", op_,
                                   path_, why, pos_, text_.size());
   }
@@ -95,7 +100,7 @@ class Parser {
     if (at_end()) error("unexpected end of header");
     const char c = peek();
     if (c == '{') return parse_object(depth);
-    if (c == '[') return parse_array();
+    if (c == '[') return any_arrays_ ? parse_any_array(depth) : parse_array();
     if (c == '"') return parse_string();
     if (c == '-' || (c >= '0' && c <= '9')) {
       JsonValue value;
@@ -158,6 +163,34 @@ class Parser {
       const char c = peek();
       if (!(c == '-' || (c >= '0' && c <= '9'))) error("expected an integer (arrays hold integers only)");
       value.array.push_back(parse_integer());
+      skip_whitespace();
+      if (peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      if (peek() == ']') {
+        ++pos_;
+        return value;
+      }
+      error("expected ',' or ']'");
+    }
+  }
+
+  // An array of any values (manifests): every element in `items`, integers also in `array`.
+  JsonValue parse_any_array(int depth) {
+    JsonValue value;
+    value.kind = JsonValue::Kind::array;
+    expect('[');
+    skip_whitespace();
+    if (peek() == ']') {
+      ++pos_;
+      return value;
+    }
+    while (true) {
+      skip_whitespace();
+      JsonValue item = parse_value(depth + 1);
+      if (item.kind == JsonValue::Kind::integer) value.array.push_back(item.integer);
+      value.items.push_back(std::move(item));
       skip_whitespace();
       if (peek() == ',') {
         ++pos_;
@@ -287,6 +320,7 @@ class Parser {
   }
 
   std::string_view text_, op_, path_;
+  bool any_arrays_ = false;
   size_t pos_ = 0;
 };
 
@@ -294,6 +328,10 @@ class Parser {
 
 JsonValue parse_header_json(std::string_view text, std::string_view op, std::string_view path) {
   return Parser(text, op, path).parse_document();
+}
+
+JsonValue parse_json(std::string_view text, std::string_view op, std::string_view path) {
+  return Parser(text, op, path, /*any_arrays=*/true).parse_document();
 }
 
 bool is_valid_utf8(std::string_view text) {

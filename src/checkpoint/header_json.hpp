@@ -1,4 +1,5 @@
-// A strict parser for the JSON subset of a safetensors header: objects, strings, integers, arrays of integers.
+// A strict parser for the JSON subset of a safetensors header (objects, strings, integers, arrays of
+// integers) and of a distributed checkpoint's manifest (the same, with arrays of any of these).
 #pragma once
 
 #include <cstddef>
@@ -25,7 +26,8 @@ struct JsonValue {
   std::string string;                                      // decoded (escapes resolved); Kind::string
   size_t raw_begin = 0, raw_end = 0;                       // byte span of the string's raw text, quotes excluded
   int64_t integer = 0;                                     // Kind::integer
-  std::vector<int64_t> array;                              // Kind::array (integers only)
+  std::vector<int64_t> array;                              // Kind::array: its integer elements
+  std::vector<JsonValue> items;                            // Kind::array, parse_json only: every element
   std::vector<std::pair<std::string, JsonValue>> members;  // Kind::object, in file order, keys unique
 
   // The member named `key` of an object, or nullptr. Linear: for the few lookups of known keys.
@@ -51,6 +53,11 @@ inline const JsonValue* JsonValue::find(std::string_view key) const {
 // integers outside int64 and nesting deeper than 8. On failure throws InvalidArgument
 // "<op>: header of '<path>' is not valid JSON: <why> at byte <n>; got ...".
 JsonValue parse_header_json(std::string_view text, std::string_view op, std::string_view path);
+
+// Like parse_header_json, for a manifest: arrays may hold objects, strings and integers (every
+// element is in `items`; integers also in `array`), nesting up to 8 deep. On failure throws
+// InvalidArgument "<op>: '<path>' is not valid JSON: <why> at byte <n>; got a <size>-byte file".
+JsonValue parse_json(std::string_view text, std::string_view op, std::string_view path);
 
 // True when `text` is well-formed UTF-8 (no overlong forms, surrogates or code points above U+10FFFF).
 bool is_valid_utf8(std::string_view text);

@@ -40,6 +40,7 @@ struct ShardContent {
 struct PieceRecord {
   std::string shard;  // ShardContent::name
   int64_t row_begin = 0, row_end = 1;
+  std::string entry;  // the safetensors entry in the shard file that holds these rows (added by core)
 };
 struct TensorRecord {
   std::string name;
