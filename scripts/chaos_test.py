@@ -191,17 +191,33 @@ def latest_step(directory):
     return complete[-1][0] if complete else -1
 
 
-def writes_in_flight(directory):
-    """The `.tmp` files under the checkpoint directory (writes in progress or a crash's leftovers)."""
-    found = []
+def pending_files(directory):
+    """What saves in progress have written so far: every entry of a checkpoint directory without a
+    manifest above the newest complete one ("ckpt-000045/", "ckpt-000045/<file>") and every `.tmp`
+    file anywhere. (Directories below the newest complete one lose their manifest only while the
+    retention deletes them: no write.) A crash leaves such files behind too; the killer subtracts
+    those it saw when the attempt started and when it restored."""
+    found, incomplete = set(), []
     try:
-        for entry in os.scandir(directory):
+        entries = list(os.scandir(directory))
+        newest = -1
+        for entry in entries:
             if ".tmp" in entry.name:
-                found.append(entry.name)
-            elif entry.is_dir():
-                found.extend(f"{entry.name}/{n}" for n in os.listdir(entry.path) if ".tmp" in n)
+                found.add(entry.name)
+            elif entry.is_dir() and re.fullmatch(r"ckpt-\d+", entry.name):
+                names = os.listdir(entry.path)
+                step = int(entry.name[5:])
+                if MANIFEST in names:
+                    newest = max(newest, step)
+                    found.update(f"{entry.name}/{n}" for n in names if ".tmp" in n)
+                else:
+                    incomplete.append((step, entry.name, names))
+        for step, name, names in incomplete:
+            if step > newest:
+                found.add(name + "/")
+                found.update(f"{name}/{n}" for n in names)
     except OSError:
-        pass  # a directory deleted while we looked
+        pass  # a directory deleted or renamed while we looked
     return found
 
 
@@ -279,7 +295,7 @@ class Killer:
         self.restored = threading.Event()
         # .tmp files already there when the attempt started or restored: a crash's leftovers, not
         # writes of this attempt (the next complete save deletes them).
-        self.leftovers = set(writes_in_flight(checkpoint_dir))
+        self.leftovers = pending_files(checkpoint_dir)
         self.thread = None
         self.done = threading.Event()
 
@@ -315,6 +331,9 @@ class Killer:
                 reason = self._wait(child, kill.delay, began, kill) or "planned"
             else:
                 reason = self._wait(child, 20.0, began, kill, watch_writes=True) or "no write seen in 20 s"
+                if reason == "write seen" and kill.delay > 0:
+                    # Somewhere inside the write: a shard's delay, between shards and manifest, ...
+                    reason = self._wait(child, kill.delay, began, kill) or "write seen"
         if reason == "ended":
             return
         ranks = job_ranks(child.pid, self.runner.options.job)
@@ -330,10 +349,10 @@ class Killer:
         kill.sent, kill.reason, kill.rank, kill.at = True, reason, ranks[pid], time.monotonic() - began
 
     def new_writes(self):
-        return [name for name in writes_in_flight(self.dir) if name not in self.leftovers]
+        return sorted(pending_files(self.dir) - self.leftovers)
 
     def mark_restored(self):
-        self.leftovers |= set(writes_in_flight(self.dir))
+        self.leftovers |= pending_files(self.dir)
         self.restored.set()
 
     def stop(self):
@@ -345,9 +364,22 @@ class Killer:
 # ---------------------------------------------------------------------------------------------
 # Chaos runs
 
-def validate_all(directory):
-    """Every complete checkpoint, read and checked; returns them, lowest step first."""
-    return [Checkpoint(path) for _, path in complete_checkpoints(directory)]
+def validate_all(directory, defects):
+    """Every complete checkpoint, read and checked; returns the whole ones, lowest step first.
+
+    The newest must be whole (restore_latest() picks it): ChaosFailure otherwise. An older one
+    that is not whole is recorded in `defects` (path -> why) and the run goes on, so that one run
+    reports every such checkpoint; the case fails at its end."""
+    whole = []
+    complete = complete_checkpoints(directory)
+    for i, (_, path) in enumerate(complete):
+        try:
+            whole.append(Checkpoint(path))
+        except (ChaosFailure, OSError, ValueError, KeyError) as error:
+            if i == len(complete) - 1:
+                raise ChaosFailure(f"the newest complete checkpoint is not whole: {error}")
+            defects.setdefault(path, str(error))
+    return whole
 
 
 def chaos_run(runner, processes, job_args, checkpoint_dir, kills_wanted, rng, steps):
@@ -356,10 +388,11 @@ def chaos_run(runner, processes, job_args, checkpoint_dir, kills_wanted, rng, st
     env[WRITE_DELAY_VARIABLE] = str(runner.options.write_delay_ms)
     stats = {"kills": 0, "in_write": 0, "attempts": 0, "restores": 0, "kinds": {}, "incomplete_seen": 0}
     restores = []
+    defects = {}
     max_attempts = kills_wanted + 6
     began = time.monotonic()
     for number in range(1, max_attempts + 1):
-        checkpoints = validate_all(checkpoint_dir)
+        checkpoints = validate_all(checkpoint_dir, defects)
         expected = checkpoints[-1] if checkpoints else None
         stats["incomplete_seen"] += sum(
             1 for n in (os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else [])
@@ -371,7 +404,9 @@ def chaos_run(runner, processes, job_args, checkpoint_dir, kills_wanted, rng, st
         kill = None
         if killing:
             kind = rng.choices(["startup", "random", "write"], weights=[0.15, 0.4, 0.45])[0]
-            kill = Kill(kind, rng.uniform(0.0, 0.8) if kind == "startup" else rng.uniform(0.0, 0.4))
+            delay = {"startup": rng.uniform(0.0, 0.8), "random": rng.uniform(0.0, 0.4),
+                     "write": rng.choice([0.0, rng.uniform(0.0, 2.0 * runner.options.write_delay_ms / 1000)])}[kind]
+            kill = Kill(kind, delay)
         restore_lines = []
 
         def on_line(line, killer=killer, restore_lines=restore_lines):
@@ -427,6 +462,11 @@ def chaos_run(runner, processes, job_args, checkpoint_dir, kills_wanted, rng, st
                                    "(the progress cap should prevent it)")
             stats["seconds"] = time.monotonic() - began
             stats["restored_steps"] = restores
+            validate_all(checkpoint_dir, defects)
+            if defects:
+                raise ChaosFailure("older checkpoints had a manifest but were not whole (a crash while the "
+                                   "retention deleted them, or worse):\n" +
+                                   "\n".join(f"  {path}: {why}" for path, why in sorted(defects.items())))
             return stats
         if not sent:
             raise ChaosFailure(f"attempt {number} failed without being killed ({attempt.status()} after "
