@@ -69,6 +69,7 @@ namespace flowlet {
 namespace detail::ps {
 class StrategyCore;
 class WorkerRuntime;
+struct StrategyAccess;  // src/ps/strategy/strategy_core.hpp: checkpoints reach the servers through it
 }  // namespace detail::ps
 
 namespace ps {
@@ -166,6 +167,7 @@ class ParameterServerStrategy {
   std::vector<const optim::Optimizer*> optimizers(const Variable& variable) const;
 
  private:
+  friend struct detail::ps::StrategyAccess;
   std::shared_ptr<detail::ps::StrategyCore> core_;
 };
 

@@ -161,4 +161,19 @@ void OptimizerAccess::apply_sparse(optim::Optimizer& optimizer, const Variable& 
   optimizer.iterations_.assign_add(ones({}, i64, optimizer.iterations_.device()));
 }
 
+std::vector<std::string> OptimizerAccess::slot_names(const optim::Optimizer& optimizer) {
+  return optimizer.slot_names();
+}
+
+DType OptimizerAccess::slot_dtype(DType var_dtype) { return optim::Optimizer::state_dtype(var_dtype); }
+
+std::map<std::string, Variable> OptimizerAccess::slots(const optim::Optimizer& optimizer, const Variable& var) {
+  std::map<std::string, Variable> result;
+  if (!var.defined()) return result;
+  auto found = optimizer.slots_.find(VariableAccess::state(var).get());
+  if (found == optimizer.slots_.end()) return result;
+  for (const auto& [name, slot] : found->second) result.emplace(name, slot);
+  return result;
+}
+
 }  // namespace flowlet::detail

@@ -10,6 +10,10 @@
 // what sparse SGD / Adagrad / Adam mean (TensorFlow's "lazy" sparse updates).
 #pragma once
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "flowlet/core/tensor.hpp"
 #include "flowlet/optim.hpp"
 #include "flowlet/variable.hpp"
@@ -24,6 +28,13 @@ struct OptimizerAccess {
   // nothing of `var` or its slots has changed and the counter has not moved.
   static void apply_sparse(optim::Optimizer& optimizer, const Variable& var, const Tensor& rows,
                            const Tensor& grad_rows);
+
+  // For checkpoints of the servers' optimizer state (src/ps/checkpoint/): the names of the slots
+  // the optimizer gives every variable (its slot_names()), the dtype of a slot of a `var_dtype`
+  // variable, and the slots `var` has now by slot name (none before the optimizer built them).
+  static std::vector<std::string> slot_names(const optim::Optimizer& optimizer);
+  static DType slot_dtype(DType var_dtype);
+  static std::map<std::string, Variable> slots(const optim::Optimizer& optimizer, const Variable& var);
 };
 
 // Writes `values` ([n, row shape...], var's dtype) into rows `rows` (i64 [n], unique, in range) of

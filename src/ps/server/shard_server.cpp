@@ -825,6 +825,19 @@ const optim::Optimizer* ShardServer::optimizer(int32_t var_id) const {
   return found == s.piece_of_var.end() ? nullptr : s.pieces[found->second].optimizer.get();
 }
 
+ShardServer::PieceState ShardServer::piece_state(int32_t var_id) {
+  State& s = *state_;
+  if (s.running) {
+    fail<InvalidArgument>("ShardServer::piece_state: server {} is running; its optimizers change until finish()",
+                          s.config.server);
+  }
+  auto found = s.piece_of_var.find(var_id);
+  if (found == s.piece_of_var.end()) return {};
+  Piece& piece = s.pieces[found->second];
+  if (!piece.optimizer) return {};
+  return {piece.var, piece.optimizer.get()};
+}
+
 ServerStats ShardServer::stats() const {
   const State& s = *state_;
   ServerStats stats;

@@ -88,6 +88,16 @@ class ShardServer {
   const optim::Optimizer* optimizer(int32_t var_id) const;
   ServerStats stats() const;  // the run's counters (bytes: from the transport)
 
+  // For checkpoints (src/ps/checkpoint/), while the server is not running: the piece of variable
+  // `var_id` here (its rows of the variable, as last seeded or served) and its optimizer, to read
+  // or set its slots and step counter. {} where the server holds no piece of it or has not been
+  // seeded yet (no optimizer); InvalidArgument while it runs.
+  struct PieceState {
+    Variable var;
+    optim::Optimizer* optimizer = nullptr;
+  };
+  PieceState piece_state(int32_t var_id);
+
  private:
   struct State;
   std::unique_ptr<State> state_;

@@ -24,6 +24,7 @@ ParameterServerStats StrategyCore::run_in_process(const WorkerFunction& worker_f
 
   transport_->reset_counters();
   for (auto& server : servers_) server->seed(values);
+  install_pending_optimizer_state();  // a checkpoint's optimizer state, restored before the first run
   int started_servers = 0;
   std::exception_ptr server_error;
   try {

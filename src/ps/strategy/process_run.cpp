@@ -81,9 +81,11 @@ ParameterServerStats StrategyCore::run_processes(const WorkerFunction& worker_fn
   ShardServer* server = role.server >= 0 ? servers_[static_cast<size_t>(role.server)].get() : nullptr;
   transport_->reset_counters();
   bool serving = false;
+  if (server == nullptr) pending_optimizer_state.reset();  // a worker has no optimizer state to install
   if (server != nullptr) {
     try {
       server->seed(values);
+      install_pending_optimizer_state();  // a checkpoint's optimizer state, restored before the first run
       server->start();
       serving = true;
     } catch (...) {

@@ -10,6 +10,7 @@
 #include "core/check.hpp"
 #include "flowlet/collective.hpp"
 #include "flowlet/eager_scope.hpp"
+#include "ps/server/optimizer_access.hpp"
 #include "ps/strategy/run_steps.hpp"
 #include "state/mirrored_variable.hpp"
 
@@ -331,11 +332,11 @@ ParameterServerStats StrategyCore::run(const OptimizerFactory& make_optimizer, c
     fail<InvalidArgument>("{}::run: called inside a worker function (worker {})", kWho,
                           worker->client->config().worker);
   }
+  // A factory that cannot make an optimizer fails here, on every process, before anything starts.
+  // Its step counter must not become a server variable when run() is called inside scope().
+  std::unique_ptr<optim::Optimizer> probe;
   {
-    // A factory that cannot make an optimizer fails here, on every process, before anything starts.
-    // Its step counter must not become a server variable when run() is called inside scope().
     const RemoteCreation* creation_here = exchange_remote_creation(nullptr);
-    std::unique_ptr<optim::Optimizer> probe;
     try {
       probe = make_optimizer();
     } catch (...) {
@@ -346,6 +347,11 @@ ParameterServerStats StrategyCore::run(const OptimizerFactory& make_optimizer, c
     if (!probe) fail<InvalidArgument>("{}::run: make_optimizer returned a null optimizer", kWho);
   }
   std::lock_guard run_lock(run_mutex_);
+  // Optimizer state restored from a checkpoint must be of this optimizer (every process checks the
+  // same things, so all refuse or none does); then the optimizer is remembered for checkpoints.
+  if (pending_optimizer_state) pending_optimizer_state->check(*probe);
+  optimizer_name_ = probe->name();
+  optimizer_slots_ = OptimizerAccess::slot_names(*probe);
   const std::vector<VariablePlacement> placements = variables->placements();
   // Under mpirun, before anything is served: every process must mean the same variables.
   if (!role.in_process) check_processes_agree(*collectives_, placement_facts(placements), "the server variables");
@@ -362,6 +368,38 @@ ParameterServerStats StrategyCore::run(const OptimizerFactory& make_optimizer, c
     }
   } forget{*this};
   return role.in_process ? run_in_process(worker_fn) : run_processes(worker_fn);
+}
+
+std::unique_lock<std::mutex> StrategyCore::between_runs(const char* function) const {
+  // A worker function's thread (in-process or under mpirun) is inside run(); it may even hold
+  // run_mutex_ itself (mpirun: run() is on the worker's thread), so ask before trying the lock.
+  if (const WorkerContext* worker = current_worker(); worker != nullptr) {
+    fail<InvalidArgument>(
+        "{}: called inside {}::run() (worker {}); checkpoints save and restore between runs (after "
+        "run() returned: every push of the run is in the values then)",
+        function, kWho, worker->client->config().worker);
+  }
+  std::unique_lock lock(run_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    fail<InvalidArgument>(
+        "{}: a {}::run() is in progress; checkpoints save and restore between runs (after run() "
+        "returned)",
+        function, kWho);
+  }
+  return lock;
+}
+
+ShardServer* StrategyCore::server(int index) const {
+  if (index < 0 || static_cast<size_t>(index) >= servers_.size()) return nullptr;
+  return servers_[static_cast<size_t>(index)].get();
+}
+
+void StrategyCore::install_pending_optimizer_state() {
+  if (!pending_optimizer_state) return;
+  for (size_t s = 0; s < servers_.size(); ++s) {
+    if (servers_[s]) pending_optimizer_state->install(*servers_[s], static_cast<int>(s));
+  }
+  pending_optimizer_state.reset();
 }
 
 int32_t StrategyCore::id_of(const Variable& variable, const char* function) const {

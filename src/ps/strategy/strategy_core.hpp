@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "collective/communicator.hpp"
@@ -50,6 +51,17 @@ class ServerCreation final : public RemoteCreation {
   std::shared_ptr<ServerVariables> variables_;
 };
 
+// Optimizer state that a checkpoint restored before this process's servers had their optimizers
+// (src/ps/checkpoint/): run() checks it against the factory's optimizer before anything starts
+// (check() throws InvalidArgument, and the run does not start), installs it into each of this
+// process's servers once seeded (their optimizers made), then forgets it.
+class PendingOptimizerState {
+ public:
+  virtual ~PendingOptimizerState() = default;
+  virtual void check(const optim::Optimizer& made) const = 0;
+  virtual void install(ShardServer& server, int index) const = 0;  // server `index` of the job
+};
+
 class StrategyCore {
  public:
   explicit StrategyCore(ParameterServerOptions options);
@@ -68,6 +80,19 @@ class StrategyCore {
   // What the servers call for every new variable piece: the factory of the run in progress.
   std::unique_ptr<optim::Optimizer> make_optimizer();
 
+  // For checkpoints (src/ps/checkpoint/), which work between runs only. between_runs() holds off
+  // run() while the caller holds the lock; inside a run (a worker function, or another thread while
+  // run() is in progress) it throws InvalidArgument naming `function` and the strategy.
+  [[nodiscard]] std::unique_lock<std::mutex> between_runs(const char* function) const;
+  bool servers_made() const { return served_; }  // the first run() made this process's servers
+  // This process's server `index` (null where another process serves it or none is made yet).
+  ShardServer* server(int index) const;
+  // The optimizer of the last run()'s factory, by name and slot names ("" and none before a run).
+  const std::string& optimizer_name() const { return optimizer_name_; }
+  const std::vector<std::string>& optimizer_slots() const { return optimizer_slots_; }
+  // Set by a restore (under between_runs); run() checks, installs and clears it.
+  std::shared_ptr<const PendingOptimizerState> pending_optimizer_state;
+
   const ParameterServerOptions options;  // resolved (see resolved_options)
   const ClusterRole role;
   const std::chrono::duration<double> timeout;
@@ -84,6 +109,8 @@ class StrategyCore {
   ServerConfig server_config(int server) const;
   WorkerConfig worker_config(int worker) const;
   int32_t id_of(const Variable& variable, const char* function) const;
+  // After this process's servers were seeded: the pending optimizer state into them, then cleared.
+  void install_pending_optimizer_state();
 
   // Declared before the servers, which refer to it, so that it outlives them.
   std::unique_ptr<Transport> transport_;
@@ -100,6 +127,13 @@ class StrategyCore {
   std::mutex factory_mutex_;
   const OptimizerFactory* factory_ = nullptr;  // during a run
   ParameterServerStats last_stats_;
+  std::string optimizer_name_;
+  std::vector<std::string> optimizer_slots_;
+};
+
+// What src/ps/checkpoint/ reaches a strategy's core through (a friend of ParameterServerStrategy).
+struct StrategyAccess {
+  static const std::shared_ptr<StrategyCore>& core(const ParameterServerStrategy& strategy) { return strategy.core_; }
 };
 
 // What a ps::Worker forwards to: one worker's client, index and device, and the run's stop flag.
