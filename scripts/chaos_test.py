@@ -383,7 +383,7 @@ def validate_all(directory, defects):
     return whole
 
 
-def chaos_run(runner, processes, job_args, work, kills_wanted, rng, steps, check_end):
+def chaos_run(runner, processes, job_args, work, kills_wanted, rng, steps, check_end, slack):
     """The job under the supervisor's logic until `kills_wanted` kills were made; returns the statistics.
 
     job_args(checkpoint_dir, out) gives the job's arguments. A round runs the job from a fresh
@@ -399,7 +399,7 @@ def chaos_run(runner, processes, job_args, work, kills_wanted, rng, steps, check
             raise ChaosFailure(f"{stats['kills']} of {kills_wanted} kills in 5 rounds")
         ckpt = fresh_dir(os.path.join(work, f"chaos-{stats['rounds']}"))
         out = os.path.join(work, f"chaos-{stats['rounds']}.safetensors")
-        chaos_round(runner, processes, job_args(ckpt, out), ckpt, stats, kills_wanted, rng, steps)
+        chaos_round(runner, processes, job_args(ckpt, out), ckpt, stats, kills_wanted, rng, steps, slack)
         verdict = check_end(out, ckpt)
         log(f"round {stats['rounds']} ended after {stats['kills']} kills in all: {verdict}")
         stats["verdicts"].append(verdict)
@@ -407,7 +407,7 @@ def chaos_run(runner, processes, job_args, work, kills_wanted, rng, steps, check
     return stats
 
 
-def chaos_round(runner, processes, job_args, checkpoint_dir, stats, kills_wanted, rng, steps):
+def chaos_round(runner, processes, job_args, checkpoint_dir, stats, kills_wanted, rng, steps, slack):
     """Attempts of the job from `checkpoint_dir` until one succeeds, each killed while kills are due."""
     delayed = dict(runner.env)
     delayed[WRITE_DELAY_VARIABLE] = str(runner.options.write_delay_ms)
@@ -422,8 +422,9 @@ def chaos_round(runner, processes, job_args, checkpoint_dir, stats, kills_wanted
             if re.fullmatch(r"ckpt-\d+", n) and not os.path.isfile(os.path.join(checkpoint_dir, n, MANIFEST)))
         killing = stats["kills"] < kills_wanted
         # Progress cap: kill k comes at the latest when the job reached (k + 1) / (kills + 1) of its
-        # steps (at once after the restore when it is already there), so that it cannot finish early.
-        cap = steps * (stats["kills"] + 1) // (kills_wanted + 1) if killing else steps + 1
+        # steps plus `slack` (at once after the restore when it is already there), so that it mostly
+        # cannot finish early; when it does, another round makes the remaining kills.
+        cap = min(steps - 1, steps * (stats["kills"] + 1) // (kills_wanted + 1) + slack) if killing else steps + 1
         killer = Killer(runner, checkpoint_dir, rng, cap)
         kill = None
         if killing:
@@ -552,7 +553,7 @@ def case_mirrored(runner, options, rng, work):
         return f"final parameters equal the reference (largest relative difference {worst:.3g}); step counter {steps}"
 
     stats = chaos_run(runner, 2, lambda ckpt, out: base + ["--checkpoint-dir", ckpt, "--resume", "--out", out], work,
-                      options.kills, rng, steps, check_end)
+                      options.kills, rng, steps, check_end, slack=2 * every)
     return stats, "; ".join(stats["verdicts"])
 
 
@@ -588,7 +589,7 @@ def case_ps(runner, options, rng, work):
 
     stats = chaos_run(runner, servers + workers,
                       lambda ckpt, out: base + ["--checkpoint-dir", ckpt, "--resume", "--out", out], work,
-                      options.kills, rng, steps, check_end)
+                      options.kills, rng, steps, check_end, slack=2 * every)
     return stats, "; ".join(stats["verdicts"])
 
 
