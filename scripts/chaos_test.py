@@ -13,16 +13,19 @@ mirrored / ps: first the uninterrupted reference run(s); then the job runs under
 logic (scripts/supervise.py: an attempt that fails is started again with --resume) while a killer
 sends SIGKILL to a random rank of each attempt (a child of mpirun, found through /proc), --kills
 times (20). The moment is random: during start-up, a random time after the job restored, or the
-moment a write is in flight (a `.tmp` file exists in the checkpoint directory; the job runs with
-FLOWLET_CHECKPOINT_TEST_WRITE_DELAY_MS so that writes last long enough to be hit). A kill also
-comes as soon as the job got past its share of the steps, so that it cannot finish before the last
-kill. Checked:
+moment a write is in flight (a new `.tmp` file or a new file in a checkpoint directory that has
+no manifest yet; while kills are due the job runs with FLOWLET_CHECKPOINT_TEST_WRITE_DELAY_MS so
+that writes last long enough to be hit). A kill also comes as soon as the job got two checkpoints
+past its share of the steps; when the job still finishes before every kill was made, another round
+runs it again from a fresh directory (each round's end is checked). Checked:
   - before every attempt, every complete checkpoint (one with manifest.json) is whole: the manifest
     parses and its own CRC matches, it lists every shard, each shard file's size and CRC-32 match,
     each shard's safetensors data CRC matches and its __metadata__ step equals the manifest's
     (never a mix of two steps), and the pieces tile every tensor;
   - every restore the job logs ("restored step S from DIR") is the newest complete checkpoint that
     existed when the attempt started, and is whole when it is read;
+  - older complete checkpoints are whole too (a crash while the retention deletes one must not
+    leave a manifest naming missing shards); these are collected and fail the case at its end;
   - an attempt fails only when it was killed;
   - at the end, mirrored: the final parameters equal the reference's (relative tolerance 1e-5) and
     the optimizer's step counter equals the steps; ps: every server optimizer's step counter in the
