@@ -12,8 +12,8 @@ CASE is one of
 mirrored / ps: first the uninterrupted reference run(s); then the job runs under the supervisor's
 logic (scripts/supervise.py: an attempt that fails is started again with --resume) while a killer
 sends SIGKILL to a random rank of each attempt (a child of mpirun, found through /proc), --kills
-times (20). The moment is random: during start-up, a random time after the job restored, or the
-moment a write is in flight (a new `.tmp` file or a new file in a checkpoint directory that has
+times (20). The moment is random: during start-up, a random time after the job restored, just after
+a checkpoint's manifest appeared (process 0 is then cleaning up: retention), or the moment a write is in flight (a new `.tmp` file or a new file in a checkpoint directory that has
 no manifest yet; while kills are due the job runs with FLOWLET_CHECKPOINT_TEST_WRITE_DELAY_MS so
 that writes last long enough to be hit). A kill also comes as soon as the job got two checkpoints
 past its share of the steps; when the job still finishes before every kill was made, another round
@@ -331,6 +331,10 @@ class Killer:
                 time.sleep(0.002)
             if latest_step(self.dir) >= self.cap_step:
                 reason = "progress cap"
+            elif kill.kind == "commit":
+                # Right after a manifest appears: process 0 is then cleaning up (superseded,
+                # retention, leftovers), the moment a deletion can be cut short.
+                reason = self._wait_commit(child) or "no commit seen in 20 s"
             elif kill.kind == "random":
                 reason = self._wait(child, kill.delay, began, kill) or "planned"
             else:
@@ -341,9 +345,14 @@ class Killer:
         if reason == "ended":
             return
         ranks = job_ranks(child.pid, self.runner.options.job)
-        if not ranks:
-            return  # not started yet, or gone
+        while not ranks:  # an early start-up kill: mpirun has not started the ranks yet
+            if child.poll() is not None or self.done.is_set():
+                return
+            time.sleep(0.002)
+            ranks = job_ranks(child.pid, self.runner.options.job)
         pid = self.rng.choice(sorted(ranks))
+        if kill.kind == "commit" and reason == "commit seen":
+            pid = next((p for p, r in ranks.items() if r == 0), pid)  # process 0 cleans up
         kill.in_write = self.new_writes()
         kill.latest_step = latest_step(self.dir)
         try:
@@ -351,6 +360,17 @@ class Killer:
         except ProcessLookupError:
             return
         kill.sent, kill.reason, kill.rank, kill.at = True, reason, ranks[pid], time.monotonic() - began
+
+    def _wait_commit(self, child):
+        baseline = latest_step(self.dir)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if child.poll() is not None or self.done.is_set():
+                return "ended"
+            if latest_step(self.dir) > baseline:
+                return "commit seen"
+            time.sleep(0.0005)
+        return None
 
     def new_writes(self):
         return sorted(pending_files(self.dir) - self.leftovers)
@@ -431,8 +451,8 @@ def chaos_round(runner, processes, job_args, checkpoint_dir, stats, kills_wanted
         killer = Killer(runner, checkpoint_dir, rng, cap)
         kill = None
         if killing:
-            kind = rng.choices(["startup", "random", "write"], weights=[0.15, 0.4, 0.45])[0]
-            delay = {"startup": rng.uniform(0.0, 0.8), "random": rng.uniform(0.0, 0.4),
+            kind = rng.choices(["startup", "random", "write", "commit"], weights=[0.1, 0.35, 0.4, 0.15])[0]
+            delay = {"startup": rng.uniform(0.0, 0.8), "random": rng.uniform(0.0, 0.4), "commit": 0.0,
                      "write": rng.choice([0.0, rng.uniform(0.0, 2.0 * runner.options.write_delay_ms / 1000)])}[kind]
             kill = Kill(kind, delay)
         restore_lines = []
