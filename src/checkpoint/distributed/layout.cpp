@@ -112,7 +112,12 @@ void clean_after_commit(const std::string& directory, const std::string& prefix,
   const size_t room = static_cast<size_t>(max_to_keep) - 1;  // the new checkpoint takes one place
   const size_t excess = complete.size() > room ? complete.size() - room : 0;
   std::error_code ignored;
-  for (size_t i = 0; i < excess; ++i) fs::remove_all(complete[i].path, ignored);  // a leftover is harmless
+  for (size_t i = 0; i < excess; ++i) {
+    // The manifest first: a deletion cut short by a crash leaves an incomplete directory (cleaned
+    // by a later save), never a listed checkpoint that lost some of its shards.
+    fs::remove(complete[i].path + "/" + std::string(kManifestFile), ignored);
+    fs::remove_all(complete[i].path, ignored);  // a leftover is harmless
+  }
 
   fs::directory_iterator it(committed, ignored);
   std::vector<fs::path> stray;
