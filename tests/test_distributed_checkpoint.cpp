@@ -4,17 +4,23 @@
 // retention / superseded / incomplete directories, option errors, the save rules, background
 // failures, and the Source seam (ManagerAccess::add_source).
 #include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
+#include <set>
 #include <thread>
 
 #include "checkpoint/distributed/manifest.hpp"
 #include "checkpoint/distributed/source.hpp"
 #include "checkpoint/distributed/variables_source.hpp"
+#include "checkpoint/safetensors_file.hpp"
 #include "flowlet/distributed_checkpoint.hpp"
 #include "flowlet/mirrored.hpp"
 #include "flowlet/optim.hpp"
@@ -344,7 +350,8 @@ struct Corruptible {
   std::vector<std::string> saved;
 
   Corruptible() {
-    manager = std::make_unique<fl::DistributedCheckpointManager>(dir.path, fl::DistributedCheckpointOptions{.max_to_keep = 5});
+    manager = std::make_unique<fl::DistributedCheckpointManager>(dir.path,
+                                                                 fl::DistributedCheckpointOptions{.max_to_keep = 5});
     manager->add(vars);
     ckpt::ManagerAccess::add_source(*manager, source);
     manager->save(1);
@@ -459,7 +466,8 @@ TEST_CASE("a missing shard, a shard from another checkpoint, a manifest of anoth
   CHECK(c.manager->restore(c.checkpoint).step == 1);
 }
 
-TEST_CASE("refusals: a missing variable, another dtype (DTypeError), another shape (ShapeError), naming variable and file") {
+TEST_CASE(
+    "refusals: a missing variable, another dtype (DTypeError), another shape (ShapeError), naming variable and file") {
   TempDir dir;
   {
     fl::DistributedCheckpointManager m(dir.path, {.background = false});
@@ -503,7 +511,9 @@ TEST_CASE("refusals: a missing variable, another dtype (DTypeError), another sha
   }
 }
 
-TEST_CASE("retention keeps the newest max_to_keep; a lower step supersedes higher ones; incomplete saves ignored and cleaned") {
+TEST_CASE(
+    "retention keeps the newest max_to_keep; a lower step supersedes higher ones; incomplete saves ignored and "
+    "cleaned") {
   TempDir dir;
   fl::Variable v(fl::zeros({2}), "v");
   fl::DistributedCheckpointManager manager(dir.path, {.max_to_keep = 2, .background = false});
@@ -543,7 +553,8 @@ TEST_CASE("retention keeps the newest max_to_keep; a lower step supersedes highe
   v.assign(fl::full({2}, 8.0));
   manager.save(45);
   int shards = 0;
-  for (const auto& entry : fs::directory_iterator(dir.path + "/ckpt-000045")) shards += entry.path().extension() == ".safetensors";
+  for (const auto& entry : fs::directory_iterator(dir.path + "/ckpt-000045"))
+    shards += entry.path().extension() == ".safetensors";
   CHECK(shards == 1);
   v.assign(fl::zeros({2}));
   REQUIRE(manager.restore_latest()->step == 45);
@@ -562,17 +573,23 @@ TEST_CASE("option and argument errors name the function and the value") {
   };
   CHECK_CONTAINS(message([] { fl::DistributedCheckpointManager m(""); }), "directory is empty");
   CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path + std::string("\0x", 2)); }), "NUL");
-  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.max_to_keep = 0}); }), "max_to_keep must be at least 1; got 0");
+  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.max_to_keep = 0}); }),
+                 "max_to_keep must be at least 1; got 0");
   CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.prefix = ""}); }), "prefix");
   CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.prefix = "a/b"}); }), "a/b");
-  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_steps = -1}); }), "every_steps must be >= 0");
-  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_seconds = -1}); }), "every_seconds");
-  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_seconds = std::nan("")}); }), "every_seconds");
+  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_steps = -1}); }),
+                 "every_steps must be >= 0");
+  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_seconds = -1}); }),
+                 "every_seconds");
+  CHECK_CONTAINS(message([&] { fl::DistributedCheckpointManager m(dir.path, {.every_seconds = std::nan("")}); }),
+                 "every_seconds");
 
   fl::DistributedCheckpointManager manager(dir.path);
   CHECK_CONTAINS(message([&] { manager.add({fl::Variable()}); }), "empty Variable handle");
   CHECK_CONTAINS(message([&] { manager.add({fl::Variable(fl::zeros({1}))}); }), "empty name");
-  CHECK_CONTAINS(message([&] { manager.add({fl::Variable(fl::zeros({1}), "a"), fl::Variable(fl::zeros({1}), "a")}); }),
+  CHECK_CONTAINS(message([&] {
+                   manager.add({fl::Variable(fl::zeros({1}), "a"), fl::Variable(fl::zeros({1}), "a")});
+                 }),
                  "'a' is already among");
   CHECK_CONTAINS(message([&] { manager.add({fl::Variable(fl::zeros({1}), "__metadata__")}); }), "__metadata__");
   manager.add({fl::Variable(fl::zeros({1}), "a")});
@@ -674,4 +691,132 @@ TEST_CASE("writers are balanced by bytes, deterministically") {
   CHECK(ckpt::VariablesSource::assign_writers({5, 5, 5}, 3) == std::vector<int>{0, 1, 2});
   CHECK(ckpt::VariablesSource::assign_writers({5, 5, 5}, 1) == std::vector<int>{0, 0, 0});
   CHECK(ckpt::VariablesSource::assign_writers({1, 2}, 4) == std::vector<int>{1, 0});
+}
+
+TEST_CASE("a checkpoint written by 2 processes restores in a job of 1 (every variable, whichever process wrote it)") {
+  // The files two processes would write, made here: each process's VariablesSource snapshot, its
+  // shard file, and process 0's manifest over both.
+  TempDir dir;
+  std::vector<fl::Variable> vars = make_vars(21);
+  vars.emplace_back(fl::randn({30, 2}, 5), "big");
+  const std::vector<std::string> saved = contents(vars);
+  const std::string checkpoint = dir.path + "/ckpt-000009";
+  fs::create_directories(checkpoint);
+  ckpt::VariablesSource source(vars, "test");
+  ckpt::Manifest manifest;
+  manifest.step = 9;
+  manifest.processes = 2;
+  manifest.cluster = "2 processes";
+  manifest.metadata = {{"batch", 3}};
+  for (int process = 0; process < 2; ++process) {
+    std::vector<ckpt::ShardContent> shards;
+    source.snapshot({process, 2}, shards, manifest.attributes);
+    REQUIRE(shards.size() == 1);
+    std::vector<fl::checkpoint::NamedTensor> tensors;
+    for (ckpt::Piece& piece : shards[0].pieces) {
+      manifest.tensors.push_back(
+          {piece.tensor, piece.dtype, piece.shape, {{shards[0].name, piece.row_begin, piece.row_end, piece.tensor}}});
+      tensors.push_back({piece.tensor, piece.value});
+    }
+    CHECK_FALSE(tensors.empty());  // both processes write some
+    ckpt::ShardRecord record{shards[0].name, shards[0].name + ".0123456789abcdef.safetensors", 0, 0, process};
+    const auto written = fl::checkpoint::write_safetensors_file(checkpoint + "/" + record.file, tensors, 9, {}, "test");
+    record.bytes = written.bytes;
+    record.crc32 = written.crc32;
+    manifest.shards.push_back(record);
+  }
+  write_file(checkpoint + "/manifest.json", ckpt::manifest_to_json(manifest));
+
+  scramble(vars, 5);
+  fl::DistributedCheckpointManager manager(dir.path);
+  manager.add(vars);
+  const std::optional<fl::RestoredCheckpoint> restored = manager.restore_latest();
+  REQUIRE(restored.has_value());
+  CHECK(restored->saved_processes == 2);
+  CHECK(restored->saved_cluster == "2 processes");
+  CHECK(restored->metadata.at("batch") == 3);
+  CHECK(contents(vars) == saved);
+}
+
+TEST_CASE("a save killed with SIGKILL at a random moment leaves the previous or the new checkpoint, complete") {
+  TempDir dir;
+  constexpr int kStates = 3;
+  constexpr int64_t kRoundStride = 1'000'000;
+  std::vector<std::vector<fl::Variable>> states;
+  std::vector<std::vector<std::string>> expected;
+  for (int s = 0; s < kStates; ++s) {
+    states.push_back(
+        {fl::Variable(fl::full({1 << 18}, s + 1.0), "big"), fl::Variable(fl::full({16}, s * 100.0, fl::i64), "small")});
+    expected.push_back(contents(states.back()));
+  }
+  const auto started = std::chrono::steady_clock::now();
+  {
+    fl::DistributedCheckpointManager first(dir.path, {.max_to_keep = 2, .background = false});
+    first.add(states[0]);
+    first.save(0);
+  }
+  const auto save_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started).count();
+  std::vector<fl::Variable> targets = {fl::Variable(fl::zeros({1 << 18}), "big"),
+                                       fl::Variable(fl::zeros({16}, fl::i64), "small")};
+  std::mt19937_64 rng(20261201);
+  std::uniform_int_distribution<int> completed_saves(0, 2);
+  std::uniform_int_distribution<int64_t> delay_us(0, std::max<int64_t>(2 * save_us, 2000));
+  constexpr int kRounds = 24;
+  std::set<int64_t> steps_seen;
+  int killed_mid_write = 0;  // step directories without a manifest seen after the kills
+  for (int round = 1; round <= kRounds; ++round) {
+    int report[2];
+    REQUIRE(::pipe(report) == 0);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      // Saves only (copies and file writes, no ops: fork does not copy the thread pool); one
+      // manager per state, all over the same directory.
+      ::close(report[0]);
+      try {
+        std::vector<std::unique_ptr<fl::DistributedCheckpointManager>> managers;
+        for (int s = 0; s < kStates; ++s) {
+          managers.push_back(std::make_unique<fl::DistributedCheckpointManager>(
+              dir.path, fl::DistributedCheckpointOptions{.max_to_keep = 2, .background = false}));
+          managers.back()->add(states[static_cast<size_t>(s)]);
+        }
+        for (int64_t i = 1;; ++i) {
+          managers[static_cast<size_t>(i % kStates)]->save(round * kRoundStride + i);
+          if (::write(report[1], "s", 1) != 1) ::_exit(2);
+        }
+      } catch (...) {
+        ::_exit(1);
+      }
+    }
+    ::close(report[1]);
+    const int wait_for = completed_saves(rng);
+    char byte;
+    for (int k = 0; k < wait_for; ++k) REQUIRE(::read(report[0], &byte, 1) == 1);
+    std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    ::close(report[0]);
+    CHECK(WIFSIGNALED(status));
+
+    for (const auto& entry : fs::directory_iterator(dir.path)) {
+      killed_mid_write += !fs::exists(entry.path() / "manifest.json");
+    }
+    fl::DistributedCheckpointManager manager(dir.path);
+    manager.add(targets);
+    const std::optional<fl::RestoredCheckpoint> restored = manager.restore_latest();
+    REQUIRE(restored.has_value());
+    const int64_t step = restored->step;
+    CHECK(step / kRoundStride <= round);  // never a step no save reached
+    if (wait_for > 0) CHECK((step / kRoundStride == round && step % kRoundStride >= wait_for));  // reported saves stick
+    CHECK(contents(targets) == expected[static_cast<size_t>(step % kRoundStride % kStates)]);
+    CHECK(manager.checkpoints().size() <= 3);  // retention held (2, plus one a kill left before its clean-up)
+    steps_seen.insert(step);
+  }
+  MESSAGE("one save took " << save_us << " us; " << steps_seen.size() << " distinct steps over " << kRounds
+                           << " kills; " << killed_mid_write
+                           << " step directories without a manifest seen after kills (summed over rounds)");
+  CHECK(killed_mid_write > 0);
+  CHECK(steps_seen.size() > kRounds / 2);
 }

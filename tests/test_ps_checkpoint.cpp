@@ -255,8 +255,9 @@ class MemoryCheckpoint final : public ckpt::Reader {
       const int64_t begin = std::max(p.row_begin, row_begin), end = std::min(p.row_end, row_end);
       if (begin >= end) continue;
       const fl::Tensor& value = values_.at({tensor, p.row_begin});
-      parts.push_back(value.rank() == 0 && record->shape.rank() == 0 ? value
-                                                                     : fl::slice(value, 0, begin - p.row_begin, end - begin));
+      parts.push_back(value.rank() == 0 && record->shape.rank() == 0
+                          ? value
+                          : fl::slice(value, 0, begin - p.row_begin, end - begin));
     }
     if (record->shape.rank() == 0) return parts.at(0);
     return parts.size() == 1 ? parts[0] : fl::concat(parts, 0);
@@ -377,7 +378,7 @@ TEST_CASE("ps checkpoint: 2 servers -> 3 -> 1: rows re-sharded, slots with them,
     CHECK(restored3.counts.at("table") == std::vector<int64_t>{4, 4, 1});
     CHECK(restored3.counts.at("w") == std::vector<int64_t>{4, 4, 4});
     CHECK(restored3.counts.at("b") == std::vector<int64_t>{4, 4, 4});
-  CHECK(restored3.counts.at("scale") == std::vector<int64_t>{4});
+    CHECK(restored3.counts.at("scale") == std::vector<int64_t>{4});
     // Rows 1 and 8 keep their pieces' counts in both placements: training continues as on 2 servers.
     train(three, 4, 3, ids_after);
     const State three_continued = state_of(three);
@@ -479,9 +480,9 @@ TEST_CASE("ps checkpoint: optimizer state restored before the first run waits fo
     store->restore(fresh);
     // Another optimizer: run() refuses before anything starts (no worker runs, values unchanged)...
     bool worker_ran = false;
-    CHECK_THROWS_WITH_AS(fresh.ps.run([] { return std::make_unique<fl::optim::SGD>(0.1); },
-                                      [&](fl::ps::Worker&) { worker_ran = true; }),
-                         doctest::Contains("of optimizer 'adam'"), fl::InvalidArgument);
+    CHECK_THROWS_WITH_AS(
+        fresh.ps.run([] { return std::make_unique<fl::optim::SGD>(0.1); }, [&](fl::ps::Worker&) { worker_ran = true; }),
+        doctest::Contains("of optimizer 'adam'"), fl::InvalidArgument);
     CHECK_FALSE(worker_ran);
     for (const fl::Variable& v : fresh.params()) CHECK(test::values(v.value()) == at_save.tensors.at(v.name()));
     // ... and a save now holds the restored state, not the absent optimizers'.
@@ -580,7 +581,8 @@ TEST_CASE("ps checkpoint: the source refuses another kind of checkpoint and dama
                                 const std::vector<std::string>& words) {
     checkpoint.attributes() = good;
     edit(checkpoint.attributes());
-    check_refused<fl::InvalidArgument>(m, [&] { store.restore_from(m, checkpoint); }, words);
+    check_refused<fl::InvalidArgument>(
+        m, [&] { store.restore_from(m, checkpoint); }, words);
   };
   refused_with([](auto& a) { a.erase("ps.kind"); }, {"not written by a parameter-server job", "memory://checkpoint"});
   refused_with([](auto& a) { a["ps.kind"] = "mirrored"; }, {"'mirrored'"});

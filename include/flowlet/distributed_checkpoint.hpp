@@ -74,7 +74,8 @@ struct DistributedCheckpointOptions {
   int max_to_keep = 5;          // complete checkpoints kept, >= 1
   std::string prefix = "ckpt";  // non-empty, no '/'
   // maybe_save() saves when step % every_steps == 0 (0: no step rule) or when every_seconds have
-  // passed since the last save began (0: no time rule); either rule suffices. Under several
+  // passed since the last save began (0: no time rule); either rule suffices. Before the first
+  // save the time rule counts from the manager's construction or its last restore. Under several
   // processes the time rule is agreed at each maybe_save() call (a small collective), so every
   // process saves at the same step.
   int64_t every_steps = 0;

@@ -106,8 +106,7 @@ int64_t restore_checkpoint(std::string path, std::vector<Variable> vars) {
   for (size_t k = 0; k < header.entries.size(); ++k) {
     if (requested_by[k]) loaded[*requested_by[k]] = Tensor::empty(header.entries[k].shape, header.entries[k].dtype);
   }
-  const uint32_t crc =
-      file.read_data([&](size_t k) { return requested_by[k] ? &loaded[*requested_by[k]] : nullptr; });
+  const uint32_t crc = file.read_data([&](size_t k) { return requested_by[k] ? &loaded[*requested_by[k]] : nullptr; });
   if (crc != header.data_crc) {
     detail::fail<InvalidArgument>(
         "{}: '{}' is not a valid flowlet checkpoint: the data checksum does not match (the data is corrupt); got crc32 "

@@ -242,8 +242,8 @@ SafetensorsFile::SafetensorsFile(std::string path, std::string_view op) : path_(
   }
   if (!S_ISREG(info.st_mode)) {
     ::close(fd_);
-    detail::fail<InvalidArgument>("{}: '{}' is not a regular file; got a {}; checkpoints are regular files", op_,
-                                  path_, detail::file_type_name(info.st_mode));
+    detail::fail<InvalidArgument>("{}: '{}' is not a regular file; got a {}; checkpoints are regular files", op_, path_,
+                                  detail::file_type_name(info.st_mode));
   }
   size_ = static_cast<uint64_t>(info.st_size);
   try {
@@ -329,15 +329,14 @@ SafetensorsFile::SafetensorsFile(std::string path, std::string_view op) : path_(
       entry.name = name;
       const auto dt = dtype_from_safetensors(dtype->string);
       if (!dt)
-        corrupt(op_, p, "entry \"{}\" has unknown dtype \"{}\"; flowlet reads F32 F64 I32 I64 U8 BOOL F16 BF16",
-                name, dtype->string);
+        corrupt(op_, p, "entry \"{}\" has unknown dtype \"{}\"; flowlet reads F32 F64 I32 I64 U8 BOOL F16 BF16", name,
+                dtype->string);
       entry.dtype = *dt;
       uint64_t numel = 1;
       bool overflow = false;
       for (const int64_t d : shape->array) {
         if (d < 0)
-          corrupt(op_, p, "entry \"{}\" has a negative dimension; got shape [{}]", name,
-                  fmt::join(shape->array, ", "));
+          corrupt(op_, p, "entry \"{}\" has a negative dimension; got shape [{}]", name, fmt::join(shape->array, ", "));
         if (d != 0 && numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / static_cast<uint64_t>(d)) {
           overflow = true;
         }
@@ -433,8 +432,7 @@ std::vector<Tensor> SafetensorsFile::read_all(uint32_t& file_crc) const {
   for (const SafetensorsEntry& entry : header_.entries) tensors.push_back(Tensor::empty(entry.shape, entry.dtype));
   const uint32_t crc = read_data([&](size_t k) { return &tensors[k]; });
   if (crc != header_.data_crc) {
-    corrupt(op_, path_,
-            "the data checksum does not match (the data is corrupt); got crc32 {} but the file records {}",
+    corrupt(op_, path_, "the data checksum does not match (the data is corrupt); got crc32 {} but the file records {}",
             hex32(crc), hex32(header_.data_crc));
   }
   for (size_t k = 0; k < tensors.size(); ++k) {

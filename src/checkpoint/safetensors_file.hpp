@@ -28,7 +28,7 @@ std::string_view safetensors_dtype_name(DType dtype);
 std::optional<DType> dtype_from_safetensors(std::string_view name);
 
 uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes);
-std::string hex32(uint32_t value);              // 8 lowercase hex digits
+std::string hex32(uint32_t value);                         // 8 lowercase hex digits
 bool parse_hex32(std::string_view text, uint32_t& value);  // exactly 8 lowercase hex digits
 // Strict decimal int64: optional '-', digits, no leading zeros, no "-0".
 bool parse_int64(std::string_view text, int64_t& value);
@@ -62,8 +62,8 @@ struct SafetensorsEntry {
 
 struct SafetensorsHeader {
   int64_t step = 0;
-  uint32_t data_crc = 0;    // as recorded
-  uint32_t prefix_crc = 0;  // CRC-32 of the 8-byte length and the header text as they are in the file
+  uint32_t data_crc = 0;                  // as recorded
+  uint32_t prefix_crc = 0;                // CRC-32 of the 8-byte length and the header text as they are in the file
   std::vector<SafetensorsEntry> entries;  // sorted by begin; they tile [0, data_bytes)
   uint64_t data_start = 0, data_bytes = 0;
   std::map<std::string, std::string> metadata;  // every __metadata__ pair

@@ -15,15 +15,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <flowlet/collective.hpp>
+#include <flowlet/distributed_checkpoint.hpp>
+#include <flowlet/flowlet.hpp>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <flowlet/collective.hpp>
-#include <flowlet/distributed_checkpoint.hpp>
-#include <flowlet/flowlet.hpp>
 
 #include "checkpoint/distributed/agreement.hpp"
 #include "checkpoint/distributed/manifest.hpp"
@@ -198,7 +197,8 @@ TEST_CASE("mirrored variables: written once, restored into every replica's copy 
   }
 }
 
-TEST_CASE("a corruption only one process sees: every process throws its error, naming it and the file; nothing changes") {
+TEST_CASE(
+    "a corruption only one process sees: every process throws its error, naming it and the file; nothing changes") {
   SharedDir dir;
   std::vector<fl::Variable> vars = make_vars(2);
   fl::DistributedCheckpointManager manager(dir.path);

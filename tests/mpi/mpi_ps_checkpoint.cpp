@@ -15,16 +15,15 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <random>
-#include <fstream>
-#include <memory>
-#include <sstream>
-#include <string>
-#include <vector>
-
 #include <flowlet/collective.hpp>
 #include <flowlet/distributed_checkpoint.hpp>
 #include <flowlet/flowlet.hpp>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "support/reference.hpp"
 
@@ -40,8 +39,8 @@ int servers() { return fl::process_count() - kWorkers; }
 const std::filesystem::path& directory() {
   static const std::filesystem::path path = [] {
     const auto mine = static_cast<int64_t>(fl::process_index() == 0 ? std::random_device()() % 1000000000 : 0);
-    const int64_t drawn = fl::all_reduce(fl::tensor(std::vector<int64_t>{mine}, fl::Shape{1}), fl::ReduceOp::max)
-                              .to_vector<int64_t>()[0];
+    const int64_t drawn =
+        fl::all_reduce(fl::tensor(std::vector<int64_t>{mine}, fl::Shape{1}), fl::ReduceOp::max).to_vector<int64_t>()[0];
     return std::filesystem::temp_directory_path() / fmt::format("mpi_ps_ckpt_np{}_{}", fl::process_count(), drawn);
   }();
   return path;

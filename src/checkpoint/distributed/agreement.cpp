@@ -34,7 +34,8 @@ std::vector<std::string> all_gather_strings(Communicator* comm, const std::strin
   const Tensor all = gather(*comm, padded);
   std::vector<std::string> out(static_cast<size_t>(processes));
   const char* bytes = static_cast<const char*>(all.raw_data());
-  for (int p = 0; p < processes; ++p) out[static_cast<size_t>(p)].assign(bytes + p * longest, static_cast<size_t>(sizes[static_cast<size_t>(p)]));
+  for (int p = 0; p < processes; ++p)
+    out[static_cast<size_t>(p)].assign(bytes + p * longest, static_cast<size_t>(sizes[static_cast<size_t>(p)]));
   return out;
 }
 

@@ -10,8 +10,7 @@ BackgroundWriter::~BackgroundWriter() {
   try {
     wait();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "DistributedCheckpointManager: the last save failed and nobody waited for it: %s\n",
-                 e.what());
+    std::fprintf(stderr, "DistributedCheckpointManager: the last save failed and nobody waited for it: %s\n", e.what());
   } catch (...) {
     std::fprintf(stderr, "DistributedCheckpointManager: the last save failed with an unknown exception\n");
   }

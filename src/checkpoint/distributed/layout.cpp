@@ -77,8 +77,9 @@ std::vector<StepDirectory> list_step_directories(const std::string& directory, c
         "{}: cannot list directory '{}': {}; refusing to report no checkpoint for a directory it cannot read", op,
         directory, error.message());
   }
-  std::sort(found.begin(), found.end(),
-            [](const StepDirectory& a, const StepDirectory& b) { return a.step != b.step ? a.step < b.step : a.path < b.path; });
+  std::sort(found.begin(), found.end(), [](const StepDirectory& a, const StepDirectory& b) {
+    return a.step != b.step ? a.step < b.step : a.path < b.path;
+  });
   return found;
 }
 

@@ -45,9 +45,8 @@ ManagerCore::ManagerCore(std::string directory, DistributedCheckpointOptions opt
   const std::string& prefix = options_.prefix;
   if (prefix.empty() || prefix.find('/') != std::string::npos || prefix.find('\0') != std::string::npos ||
       prefix.find(".superseded") != std::string::npos) {
-    detail::fail<InvalidArgument>(
-        "{}: prefix must be non-empty and contain no '/', NUL or \".superseded\"; got \"{}\"", kConstruct,
-        detail::excerpt(prefix));
+    detail::fail<InvalidArgument>("{}: prefix must be non-empty and contain no '/', NUL or \".superseded\"; got \"{}\"",
+                                  kConstruct, detail::excerpt(prefix));
   }
   if (options_.every_steps < 0)
     detail::fail<InvalidArgument>("{}: every_steps must be >= 0 (0: no step rule); got {}", kConstruct,
@@ -83,12 +82,14 @@ void ManagerCore::claim_names(const std::vector<std::string>& names, std::string
   std::set<std::string> fresh;
   for (const std::string& name : names) {
     if (name.empty() || name == "__metadata__" || !checkpoint::is_valid_utf8(name)) {
-      detail::fail<InvalidArgument>("{}: '{}' cannot name a tensor in a checkpoint (empty, \"__metadata__\" or not UTF-8)",
-                                    op, detail::excerpt(name));
+      detail::fail<InvalidArgument>(
+          "{}: '{}' cannot name a tensor in a checkpoint (empty, \"__metadata__\" or not UTF-8)", op,
+          detail::excerpt(name));
     }
     if (tensor_names_.count(name) != 0 || !fresh.insert(name).second) {
-      detail::fail<InvalidArgument>("{}: the name '{}' is already among what the checkpoints hold; names must be unique",
-                                    op, detail::excerpt(name));
+      detail::fail<InvalidArgument>(
+          "{}: the name '{}' is already among what the checkpoints hold; names must be unique", op,
+          detail::excerpt(name));
     }
   }
   tensor_names_.insert(fresh.begin(), fresh.end());
@@ -103,10 +104,12 @@ void ManagerCore::add_source(std::shared_ptr<Source> source, std::string_view op
 void ManagerCore::add_variables(const std::vector<Variable>& variables) {
   for (size_t i = 0; i < variables.size(); ++i) {
     const Variable& v = variables[i];
-    if (!v.defined()) detail::fail<InvalidArgument>("{}: variable {} is an empty Variable handle; got Variable()", kAdd, i);
+    if (!v.defined())
+      detail::fail<InvalidArgument>("{}: variable {} is an empty Variable handle; got Variable()", kAdd, i);
     if (v.name().empty()) {
-      detail::fail<InvalidArgument>("{}: variable {} has an empty name; got a {} {} variable; give every variable a unique name",
-                                    kAdd, i, v.dtype(), v.shape());
+      detail::fail<InvalidArgument>(
+          "{}: variable {} has an empty name; got a {} {} variable; give every variable a unique name", kAdd, i,
+          v.dtype(), v.shape());
     }
     if (VariableAccess::state(v)->remote != nullptr) {
       detail::fail<InvalidArgument>(
@@ -162,7 +165,8 @@ void ManagerCore::save(int64_t step, const std::map<std::string, int64_t>& metad
 }
 
 bool ManagerCore::maybe_save(int64_t step, const std::map<std::string, int64_t>& metadata) {
-  if (step < 0) detail::fail<InvalidArgument>("{}: step must be >= 0; got {}", "DistributedCheckpointManager::maybe_save", step);
+  if (step < 0)
+    detail::fail<InvalidArgument>("{}: step must be >= 0; got {}", "DistributedCheckpointManager::maybe_save", step);
   bool due = options_.every_steps > 0 && step % options_.every_steps == 0;
   if (options_.every_seconds > 0) {
     // Collective on every call (not only when the step rule is silent), so the processes stay in step.
@@ -202,8 +206,9 @@ void ManagerCore::check_same_everywhere(const std::string& mine, std::string_vie
     for (size_t p = 0; p < seen.size(); ++p) {
       listing += fmt::format("{}process {}: '{}'", p == 0 ? "" : ", ", p, seen[p].empty() ? "(none)" : seen[p]);
     }
-    detail::fail<InvalidArgument>("{}: the processes see different {} in '{}'; got {}; is the directory shared by every process?",
-                                  op, what, directory_, listing);
+    detail::fail<InvalidArgument>(
+        "{}: the processes see different {} in '{}'; got {}; is the directory shared by every process?", op, what,
+        directory_, listing);
   }
 }
 

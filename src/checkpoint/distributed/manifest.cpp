@@ -30,9 +30,8 @@ void append_string(std::string& out, std::string_view text) { checkpoint::append
 
 bool is_shard_name(std::string_view name) {
   if (name.empty() || name.size() > 200) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
-  });
+  return std::all_of(name.begin(), name.end(),
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'; });
 }
 
 bool is_plain_file_name(std::string_view name) {
@@ -53,7 +52,9 @@ class Fields {
         invalid(op_, path_, field_, "unknown key \"{}\"", detail::excerpt(key));
     }
   }
-  std::string name(std::string_view key) const { return field_.empty() ? std::string(key) : field_ + "." + std::string(key); }
+  std::string name(std::string_view key) const {
+    return field_.empty() ? std::string(key) : field_ + "." + std::string(key);
+  }
   const JsonValue& get(std::string_view key, JsonValue::Kind kind, std::string_view kind_name) const {
     const JsonValue* value = object_.find(key);
     if (value == nullptr) invalid(op_, path_, name(key), "missing");
@@ -89,8 +90,8 @@ int64_t piece_bytes(const Shape& shape, DType dtype, int64_t row_begin, int64_t 
 std::string manifest_to_json(const Manifest& m) {
   std::string out = "{\"format\":";
   append_string(out, kManifestFormat);
-  out += fmt::format(",\"version\":{},\"step\":{},\"processes\":{},\"cluster\":", kManifestVersion, m.step,
-                     m.processes);
+  out +=
+      fmt::format(",\"version\":{},\"step\":{},\"processes\":{},\"cluster\":", kManifestVersion, m.step, m.processes);
   append_string(out, m.cluster);
   out += ",\"attributes\":{";
   bool first = true;
@@ -117,8 +118,8 @@ std::string manifest_to_json(const Manifest& m) {
     append_string(out, s.name);
     out += ",\"file\":";
     append_string(out, s.file);
-    out += fmt::format(",\"bytes\":{},\"crc32\":\"{}\",\"process\":{}}}", s.bytes, checkpoint::hex32(s.crc32),
-                       s.process);
+    out +=
+        fmt::format(",\"bytes\":{},\"crc32\":\"{}\",\"process\":{}}}", s.bytes, checkpoint::hex32(s.crc32), s.process);
   }
   out += "],\n\"tensors\":[";
   for (size_t i = 0; i < m.tensors.size(); ++i) {
@@ -161,7 +162,8 @@ Manifest parse_manifest(std::string_view text, const std::string& path, std::str
     zeroed.replace(crc_field.raw_begin, 8, "00000000");
     const uint32_t actual = checkpoint::crc32_update(0, zeroed.data(), zeroed.size());
     if (actual != recorded) {
-      invalid(op, path, kCrcKey, "the checksum does not match (the manifest is corrupt); got crc32 {} but it records {}",
+      invalid(op, path, kCrcKey,
+              "the checksum does not match (the manifest is corrupt); got crc32 {} but it records {}",
               checkpoint::hex32(actual), checkpoint::hex32(recorded));
     }
   }
@@ -238,7 +240,8 @@ void validate_manifest(const Manifest& m, const std::string& path, std::string_v
   for (size_t i = 0; i < m.shards.size(); ++i) {
     const ShardRecord& s = m.shards[i];
     const std::string field = fmt::format("shards[{}]", i);
-    if (!is_shard_name(s.name)) invalid(op, path, field + ".name", "\"{}\" is not [a-z0-9_-]+", detail::excerpt(s.name));
+    if (!is_shard_name(s.name))
+      invalid(op, path, field + ".name", "\"{}\" is not [a-z0-9_-]+", detail::excerpt(s.name));
     if (!shard_index.emplace(s.name, i).second) invalid(op, path, field + ".name", "\"{}\" appears twice", s.name);
     if (!is_plain_file_name(s.file) || s.file.size() < 12 || s.file.substr(s.file.size() - 12) != ".safetensors" ||
         s.file.rfind(s.name + ".", 0) != 0) {
@@ -281,8 +284,8 @@ void validate_manifest(const Manifest& m, const std::string& path, std::string_v
         invalid(op, path, pfield + ".entry", "\"{}\" is used twice in shard \"{}\"", detail::excerpt(p.entry), p.shard);
       if (p.row_begin != expected || p.row_end < p.row_begin || p.row_end > rows ||
           (t.shape.rank() == 0 && p.row_end != 1) || (p.row_end == p.row_begin && rows > 0)) {
-        invalid(op, path, pfield + ".rows", "[{}, {}] does not continue the rows of '{}' at {} (of {} rows)", p.row_begin,
-                p.row_end, t.name, expected, rows);
+        invalid(op, path, pfield + ".rows", "[{}, {}] does not continue the rows of '{}' at {} (of {} rows)",
+                p.row_begin, p.row_end, t.name, expected, rows);
       }
       expected = p.row_end;
       shard_payload[shard->second] += piece_bytes(t.shape, t.dtype, p.row_begin, p.row_end);

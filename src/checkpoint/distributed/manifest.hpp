@@ -39,7 +39,7 @@ struct ShardRecord {
 struct Manifest {
   int64_t step = -1;
   int processes = 1;
-  std::string cluster;                           // "2 processes", for messages
+  std::string cluster;                            // "2 processes", for messages
   std::map<std::string, std::string> attributes;  // the sources' (Source::snapshot)
   std::map<std::string, int64_t> metadata;        // save()'s
   std::vector<ShardRecord> shards;

@@ -78,8 +78,8 @@ void CheckpointReader::validate_shard(size_t index) {
                                   why);
   };
   if (static_cast<int64_t>(file.size()) != record.bytes)
-    bad(fmt::format("it has {} bytes but the manifest records {} (truncated, or from another checkpoint?)",
-                    file.size(), record.bytes));
+    bad(fmt::format("it has {} bytes but the manifest records {} (truncated, or from another checkpoint?)", file.size(),
+                    record.bytes));
   if (file.header().step != manifest_.step)
     bad(fmt::format("it holds step {} but the manifest is of step {} (from another checkpoint?)", file.header().step,
                     manifest_.step));
@@ -89,7 +89,8 @@ void CheckpointReader::validate_shard(size_t index) {
     bad(fmt::format("its crc32 is {} but the manifest records {} (from another checkpoint?)",
                     checkpoint::hex32(file_crc), checkpoint::hex32(record.crc32)));
   auto loaded = std::make_unique<LoadedShard>();
-  for (size_t k = 0; k < tensors.size(); ++k) loaded->entries.emplace(file.header().entries[k].name, std::move(tensors[k]));
+  for (size_t k = 0; k < tensors.size(); ++k)
+    loaded->entries.emplace(file.header().entries[k].name, std::move(tensors[k]));
   // Every piece the manifest places in this shard must be there, with its dtype and shape.
   for (const TensorRecord& t : manifest_.tensors) {
     for (const PieceRecord& p : t.pieces) {

@@ -29,9 +29,9 @@ void test_delay() {
 
 // 16 hex digits that no other save (of any process, any run) picks for the same shard.
 std::string unique_id() {
-  static thread_local std::mt19937_64 generator(std::random_device{}() ^
-                                                (static_cast<uint64_t>(::getpid()) << 32) ^
-                                                static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  static thread_local std::mt19937_64 generator(
+      std::random_device{}() ^ (static_cast<uint64_t>(::getpid()) << 32) ^
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
   return fmt::format("{:016x}", generator());
 }
 
@@ -54,8 +54,9 @@ void check_piece(const SaveJob& job, const ShardContent& shard, const Piece& pie
     detail::fail<InvalidArgument>(
         "{}: shard '{}' holds a bad piece of '{}': rows [{}, {}) of a {} {} tensor, but its value is {}", job.op,
         shard.name, piece.tensor, piece.row_begin, piece.row_end, piece.dtype, piece.shape,
-        piece.value.defined() ? fmt::format("{} {} on {}", piece.value.dtype(), piece.value.shape(), piece.value.device())
-                              : std::string("empty"));
+        piece.value.defined()
+            ? fmt::format("{} {} on {}", piece.value.dtype(), piece.value.shape(), piece.value.device())
+            : std::string("empty"));
   }
 }
 

@@ -87,12 +87,14 @@ void VariablesSource::load(const ProcessView& /*view*/, Reader& reader) {
                                     manifest, reader.tensors().size());
     }
     if (record->dtype != v.dtype()) {
-      detail::fail<DTypeError>("{}: dtype of variable '{}' differs from checkpoint '{}'; got {} in the file, expected {}",
-                               op_, v.name(), manifest, record->dtype, v.dtype());
+      detail::fail<DTypeError>(
+          "{}: dtype of variable '{}' differs from checkpoint '{}'; got {} in the file, expected {}", op_, v.name(),
+          manifest, record->dtype, v.dtype());
     }
     if (!(record->shape == v.shape())) {
-      detail::fail<ShapeError>("{}: shape of variable '{}' differs from checkpoint '{}'; got {} in the file, expected {}",
-                               op_, v.name(), manifest, record->shape, v.shape());
+      detail::fail<ShapeError>(
+          "{}: shape of variable '{}' differs from checkpoint '{}'; got {} in the file, expected {}", op_, v.name(),
+          manifest, record->shape, v.shape());
     }
   }
   std::vector<Tensor> values;

@@ -57,8 +57,8 @@ int positive(const std::map<std::string, std::string>& attributes, const std::st
   return static_cast<int>(value);
 }
 
-std::vector<ShardPiece> parse_placement(const std::string& text, const std::string& variable,
-                                        const std::string& path, int servers) {
+std::vector<ShardPiece> parse_placement(const std::string& text, const std::string& variable, const std::string& path,
+                                        int servers) {
   std::vector<ShardPiece> pieces;
   int64_t next_row = 0;
   for (const std::string& item : split(text, ',')) {

@@ -16,8 +16,8 @@
 namespace flowlet {
 
 void DistributedCheckpointManager::add(ParameterServerStrategy& strategy) {
-  detail::ckpt::ManagerAccess::add_source(
-      *this, std::make_shared<detail::ps::checkpoint::ParameterServerSource>(detail::ps::StrategyAccess::core(strategy)));
+  detail::ckpt::ManagerAccess::add_source(*this, std::make_shared<detail::ps::checkpoint::ParameterServerSource>(
+                                                     detail::ps::StrategyAccess::core(strategy)));
 }
 
 }  // namespace flowlet
@@ -30,7 +30,9 @@ constexpr const char* kSave = "DistributedCheckpointManager::save (ParameterServ
 constexpr const char* kRestore = "DistributedCheckpointManager::restore (ParameterServerStrategy)";
 
 // Rows [begin, end) of `t` (rank 0: itself).
-Tensor rows_of(const Tensor& t, int64_t begin, int64_t end) { return t.rank() == 0 ? t : slice(t, 0, begin, end - begin); }
+Tensor rows_of(const Tensor& t, int64_t begin, int64_t end) {
+  return t.rank() == 0 ? t : slice(t, 0, begin, end - begin);
+}
 
 std::string names_text(const std::map<std::string, std::vector<ShardPiece>>& placement) {
   std::string text;
@@ -39,8 +41,8 @@ std::string names_text(const std::map<std::string, std::vector<ShardPiece>>& pla
 }
 
 // The tensor `name` of the checkpoint with the given dtype and shape, or the error that says why not.
-const ckpt::TensorRecord& expect_tensor(ckpt::Reader& reader, const std::string& name, DType dtype,
-                                        const Shape& shape, const std::string& what) {
+const ckpt::TensorRecord& expect_tensor(ckpt::Reader& reader, const std::string& name, DType dtype, const Shape& shape,
+                                        const std::string& what) {
   const ckpt::TensorRecord* record = reader.find(name);
   if (record == nullptr) {
     fail<InvalidArgument>("{}: checkpoint {} holds no tensor '{}' ({}); it does not fit this job", kRestore,
@@ -132,9 +134,8 @@ void ParameterServerSource::snapshot(const ckpt::ProcessView& /*view*/, std::vec
         shard.pieces.push_back({p.name, p.dtype, p.shape, piece.row_begin, piece.row_end,
                                 private_host_copy(rows_of(values[v], piece.row_begin, piece.row_end))});
         if (state->optimizer.empty()) continue;
-        auto found = std::find_if(state->pieces.begin(), state->pieces.end(), [&](const PieceOptimizerState& s) {
-          return s.var == p.id && s.server == server;
-        });
+        auto found = std::find_if(state->pieces.begin(), state->pieces.end(),
+                                  [&](const PieceOptimizerState& s) { return s.var == p.id && s.server == server; });
         if (found == state->pieces.end()) {
           fail<InvalidArgument>("{}: no optimizer state for server {}'s piece of '{}' (an internal error)", kSave,
                                 server, p.name);
