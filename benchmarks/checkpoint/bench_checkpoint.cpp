@@ -18,8 +18,8 @@
 //      goal: >= 0.95 with one every 30 s).
 // Throughput is counted per wall second and per CPU second of the process: on a busy machine the
 // first varies more from window to window than checkpoints cost, the second much less (and the
-// prediction from section 1 is steadier still). Timings are never asserted. Checkpoints go to a new directory under --dir (default /tmp), removed
-// at the end.
+// prediction from section 1 is steadier still). Timings are never asserted. Checkpoints go to a
+// new directory under --dir (default /tmp), removed at the end.
 //
 //   bench_checkpoint [--repeats N] [--rounds N] [--window-seconds S] [--short-window-seconds S]
 //                    [--long-interval S] [--short-interval S] [--dir DIR] [--models mlp,ps] [--quick]
@@ -86,9 +86,9 @@ Options parse(int argc, char** argv) {
       const std::string models = value();
       o.mlp = models == "mlp" || models == "mlp,ps" || models == "ps,mlp";
       o.ps = models == "ps" || models == "mlp,ps" || models == "ps,mlp";
-      if (!o.mlp && !o.ps) throw fl::InvalidArgument("bench_checkpoint: --models takes mlp, ps or mlp,ps; got " + models);
-    }
-    else if (arg == "--quick") {
+      if (!o.mlp && !o.ps)
+        throw fl::InvalidArgument("bench_checkpoint: --models takes mlp, ps or mlp,ps; got " + models);
+    } else if (arg == "--quick") {
       o.repeats = 3, o.rounds = 1, o.window_seconds = 3, o.short_window_seconds = 2;
       o.long_interval = 2, o.short_interval = 0.5;
     } else {
@@ -159,7 +159,9 @@ Spread spread(std::vector<double> values) {
   const size_t n = values.size();
   return {n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2, values.front(), values.back()};
 }
-std::string ms(const Spread& s) { return fmt::format("{:.2f} ms [{:.2f}, {:.2f}]", s.median * 1e3, s.min * 1e3, s.max * 1e3); }
+std::string ms(const Spread& s) {
+  return fmt::format("{:.2f} ms [{:.2f}, {:.2f}]", s.median * 1e3, s.min * 1e3, s.max * 1e3);
+}
 
 // What section 1 measures for one model.
 struct SaveFigures {
@@ -202,9 +204,10 @@ void print_save_figures(const std::string& model, const SaveFigures& f, const Op
              static_cast<double>(f.bytes) / 1e6, ms(f.save_call), ms(f.copy), ms(f.write), ms(f.restore));
   const double wait = f.save_call.median + (f.boundary ? f.boundary->median : 0);
   if (f.boundary) fmt::print("   {:<34} a chunk boundary (an empty run()) {}\n", "", ms(*f.boundary));
-  fmt::print("   {:<34} training waits {:.2f} ms per checkpoint; from that wait alone (the background write's CPU "
-             "time not counted) with / without {:.4f} at every {:g} s, {:.4f} at every {:g} s\n",
-             "", wait * 1e3, 1 - wait / o.long_interval, o.long_interval, 1 - wait / o.short_interval, o.short_interval);
+  fmt::print(
+      "   {:<34} training waits {:.2f} ms per checkpoint; from that wait alone (the background write's CPU "
+      "time not counted) with / without {:.4f} at every {:g} s, {:.4f} at every {:g} s\n",
+      "", wait * 1e3, 1 - wait / o.long_interval, o.long_interval, 1 - wait / o.short_interval, o.short_interval);
 }
 
 // ---- The demo MLP: plain variables, Adam, an eager step on random data.
@@ -301,13 +304,15 @@ struct PsModel {
             return loss;
           });
           uint64_t state = 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(worker.index() + 1);
+          auto next = [&state] {  // a 64-bit LCG (Knuth's MMIX constants); its high bits are the good ones
+            state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+            return state >> 33;
+          };
           for (int64_t i = 0; i < steps && !worker.should_stop(); ++i) {
             std::vector<int64_t> ids(kBatch * kFeatures), labels(kBatch);
-            for (int64_t& id : ids) state = state * 6364136223846793005ULL + 1442695040888963407ULL,
-                                    id = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(kRows));
-            for (int64_t& label : labels) state = state * 6364136223846793005ULL + 1, label = static_cast<int64_t>(state >> 63);
-            (void)step(fl::tensor(ids, fl::Shape{kBatch, kFeatures}),
-                       fl::tensor(labels, fl::Shape{kBatch}));
+            for (int64_t& id : ids) id = static_cast<int64_t>(next() % static_cast<uint64_t>(kRows));
+            for (int64_t& label : labels) label = static_cast<int64_t>(next() & 1);
+            (void)step(fl::tensor(ids, fl::Shape{kBatch, kFeatures}), fl::tensor(labels, fl::Shape{kBatch}));
             if (seconds > 0 && seconds_since(start) >= seconds) worker.request_stop();
           }
         });
@@ -357,17 +362,18 @@ void throughput_section(const std::string& model, const Options& o,
     long_cpu.push_back(on_long.cpu / off_a.cpu);
     short_wall.push_back(on_short.wall / off_b.wall);
     short_cpu.push_back(on_short.cpu / off_b.cpu);
-    fmt::print("   round {}: off {:.1f} / {:.1f}, every {:g} s {:.1f} / {:.1f} (ratios {:.3f} / {:.3f}); off {:.1f} / {:.1f}, "
-               "every {:g} s {:.1f} / {:.1f} (ratios {:.3f} / {:.3f})\n",
-               round, off_a.wall, off_a.cpu, o.long_interval, on_long.wall, on_long.cpu, long_wall.back(),
-               long_cpu.back(), off_b.wall, off_b.cpu, o.short_interval, on_short.wall, on_short.cpu,
-               short_wall.back(), short_cpu.back());
+    fmt::print(
+        "   round {}: off {:.1f} / {:.1f}, every {:g} s {:.1f} / {:.1f} (ratios {:.3f} / {:.3f}); off {:.1f} / {:.1f}, "
+        "every {:g} s {:.1f} / {:.1f} (ratios {:.3f} / {:.3f})\n",
+        round, off_a.wall, off_a.cpu, o.long_interval, on_long.wall, on_long.cpu, long_wall.back(), long_cpu.back(),
+        off_b.wall, off_b.cpu, o.short_interval, on_short.wall, on_short.cpu, short_wall.back(), short_cpu.back());
   }
   auto line = [&](double interval, const std::vector<double>& wall, const std::vector<double>& cpu) {
     const Spread w = spread(wall), c = spread(cpu);
-    const std::string goal = interval == 30 ? fmt::format(" (goal >= 0.95: {} / {})", w.median >= 0.95 ? "met" : "MISSED",
-                                                          c.median >= 0.95 ? "met" : "MISSED")
-                                            : "";
+    const std::string goal = interval == 30
+                                 ? fmt::format(" (goal >= 0.95: {} / {})", w.median >= 0.95 ? "met" : "MISSED",
+                                               c.median >= 0.95 ? "met" : "MISSED")
+                                 : "";
     fmt::print("   {} with / without checkpoints every {:g} s: per wall second {:.3f} [{:.3f}, {:.3f}], per CPU second "
                "{:.3f} [{:.3f}, {:.3f}]{}\n",
                model, interval, w.median, w.min, w.max, c.median, c.min, c.max, goal);
@@ -411,9 +417,9 @@ int run(const Options& o) {
     });
   }
   if (o.ps) {
-    throughput_section("ps_embedding model, 2 servers + 2 workers", o, [&](double seconds, std::optional<double> interval) {
-      return ps_throughput(scratch, seconds, interval);
-    });
+    throughput_section(
+        "ps_embedding model, 2 servers + 2 workers", o,
+        [&](double seconds, std::optional<double> interval) { return ps_throughput(scratch, seconds, interval); });
   }
   return 0;
 }
