@@ -91,7 +91,8 @@ struct CheckpointFlags {
     }
     if (!enabled() && needs_directory) {
       throw flowlet::InvalidArgument(fmt::format(
-          "{}: --resume, --keep, --checkpoint-every-steps and --checkpoint-every-seconds need --checkpoint-dir", program));
+          "{}: --resume, --keep, --checkpoint-every-steps and --checkpoint-every-seconds need --checkpoint-dir",
+          program));
     }
   }
 
@@ -136,8 +137,8 @@ inline int64_t metadata_value(const flowlet::RestoredCheckpoint& restored, const
                               const std::string& program) {
   const auto found = restored.metadata.find(key);
   if (found == restored.metadata.end()) {
-    throw flowlet::InvalidArgument(fmt::format("{}: checkpoint {} has no '{}' in its metadata: not one of this program's",
-                                               program, restored.path, key));
+    throw flowlet::InvalidArgument(fmt::format(
+        "{}: checkpoint {} has no '{}' in its metadata: not one of this program's", program, restored.path, key));
   }
   return found->second;
 }

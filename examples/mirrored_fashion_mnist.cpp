@@ -123,7 +123,8 @@ std::pair<int64_t, Position> resume(fl::DistributedCheckpointManager& checkpoint
                                           program, restored->path, restored->step, position.epoch, position.batch,
                                           steps_per_epoch));
   }
-  say(examples::describe_restore(*restored, fmt::format("epoch {}, batch {}", position.epoch, position.batch), seconds));
+  say(examples::describe_restore(*restored, fmt::format("epoch {}, batch {}", position.epoch, position.batch),
+                                 seconds));
   return {restored->step, position};
 }
 

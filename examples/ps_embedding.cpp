@@ -87,7 +87,8 @@ Options parse(int argc, char** argv) {
     else if (arg == "--lr") o.lr = std::stod(value());
     else if (arg == "--seed") o.seed = std::stoull(value());
     else if (arg == "--min-auc") o.min_auc = std::stod(value());
-    else if (!o.checkpoints.parse("ps_embedding", arg, value)) throw fl::InvalidArgument("ps_embedding: unknown option " + arg);
+    else if (!o.checkpoints.parse("ps_embedding", arg, value))
+      throw fl::InvalidArgument("ps_embedding: unknown option " + arg);
   }
   if (o.servers < 1 || o.workers < 1 || o.steps < 1 || o.batch_size < 1 || o.vocab < 2 || o.dim < 1 || !(o.lr > 0) ||
       o.staleness < 0) {
@@ -352,8 +353,9 @@ int run(const Options& o) {
             const auto data = truth.sample(batch, o.seed * 1'000'003 + static_cast<uint64_t>(worker.index()) * 100'003 +
                                                       static_cast<uint64_t>(i) + 1);
             (void)step(data.ids, data.labels);
-            if (chunk_seconds > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - chunk_start).count() >=
-                                         chunk_seconds) {
+            if (chunk_seconds > 0 &&
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - chunk_start).count() >=
+                    chunk_seconds) {
               worker.request_stop();  // time for a checkpoint: every worker ends its chunk
             }
           }
@@ -384,8 +386,8 @@ int run(const Options& o) {
   // After run() every process holds the servers' values: evaluate locally (an ordinary gather).
   const GroundTruth::Batch test = truth.sample(20'000, /*stream=*/o.seed + 0x7e57);
   const int64_t n = test.ids.shape()[0];
-  const fl::Tensor logits =
-      mlp(fl::reshape(fl::gather(table, fl::reshape(test.ids, fl::Shape{n * kFeatures})), fl::Shape{n, kFeatures * o.dim}));
+  const fl::Tensor logits = mlp(
+      fl::reshape(fl::gather(table, fl::reshape(test.ids, fl::Shape{n * kFeatures})), fl::Shape{n, kFeatures * o.dim}));
   const std::vector<float> l = logits.to_vector<float>();
   std::vector<double> score(static_cast<size_t>(n));
   for (size_t i = 0; i < score.size(); ++i) score[i] = 1 / (1 + std::exp(double{l[2 * i]} - double{l[2 * i + 1]}));
@@ -396,9 +398,10 @@ int run(const Options& o) {
   say(fmt::format("{} worker steps in {:.2f} s ({:.0f} steps/s, {:.0f} examples/s)\n", worker_steps, seconds,
                   static_cast<double>(worker_steps) / seconds,
                   static_cast<double>(worker_steps * batch) / seconds));
-  say(fmt::format("bytes moved per worker step (pulls and pushes, both ways): {:.1f} kB; the table alone is {:.1f} MB\n",
-                  static_cast<double>(worker_bytes) / static_cast<double>(std::max<int64_t>(worker_steps, 1)) / 1e3,
-                  static_cast<double>(rows * o.dim * 4) / 1e6));
+  say(fmt::format(
+      "bytes moved per worker step (pulls and pushes, both ways): {:.1f} kB; the table alone is {:.1f} MB\n",
+      static_cast<double>(worker_bytes) / static_cast<double>(std::max<int64_t>(worker_steps, 1)) / 1e3,
+      static_cast<double>(rows * o.dim * 4) / 1e6));
   say(fmt::format("test set of {}: accuracy {:.4f} (ground truth {:.4f}, majority class {:.4f}), AUC {:.4f} "
                   "(ground truth {:.4f})\n",
                   n, accuracy(score, test.label_values), accuracy(test.true_probability, test.label_values),

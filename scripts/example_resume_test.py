@@ -13,13 +13,15 @@ shape: equal up to the last printed digit; on 1 replica instead of 2, within flo
 A resume with another batch size is refused, and --resume on an empty directory starts fresh. With
 --mpirun the stopped run is `mpirun -np 2` and the resumes run in one process (saved by 2, resumed on 1).
 
-ps (examples/ps_embedding, a small vocabulary whose table is still split, synchronous steps): an uninterrupted run of 30 steps
-per worker gives the reference test accuracy and AUC; 20 steps per worker in chunks of 10 leave the
-checkpoints of steps 40 and 80 (4 workers); --resume with 3 servers instead of 2 and --steps 30 must
-say "at step 80 (next step of workers 0..3: 20, 20, 20, 20)", finish the 40 remaining worker steps,
-test like the reference (AUC within 0.002, accuracy within 0.003) and leave checkpoint 120. A resume with 3 workers is refused with
-the library's message. With --mpirun: the first run is `mpirun -np 6` (2 servers + 4 workers), the
-resume `mpirun -np 7 --servers 3`, the refused one `mpirun -np 5`.
+ps (examples/ps_embedding, a small vocabulary whose table is still split, synchronous steps): an
+uninterrupted run of 30 steps per worker gives the reference test accuracy and AUC; 20 steps per
+worker in chunks of 10 leave the checkpoints of steps 40 and 80 (4 workers); --resume with 3
+servers instead of 2 and --steps 30 must say "at step 80 (next step of workers 0..3: 20, 20, 20,
+20)", finish the 40 remaining worker steps, test like the reference (AUC within 0.002, accuracy
+within 0.003) and leave checkpoint 120. A resume with 3 workers is refused with the library's
+message ("written by a job of 4 workers; this job has 3"). With --mpirun: the first run is
+`mpirun -np 6` (2 servers + 4 workers), the resume `mpirun -np 7 --servers 3`, the refused one
+`mpirun -np 5`.
 
 Every run has a time limit (a hang fails the test). Exit 0 when every check passed.
 """
@@ -120,7 +122,8 @@ def mirrored(program, mpirun, work):
     check("at step 8 (epoch 2, batch 2)" in output, "1 replica resumes the checkpoint of 2 at step 8")
     other_sum, other_steps = checksum(output)
     check(other_steps == 12 and abs(other_sum - reference_sum) <= 1e-4 * abs(reference_sum),
-          f"on 1 replica the model ends within float reassociation of the reference: {other_sum!r} vs {reference_sum!r}")
+          "on 1 replica the model ends within float reassociation of the reference: "
+          f"{other_sum!r} vs {reference_sum!r}")
 
     status, output = run(resume_here + ["--batch-size", "64", "--checkpoint-dir", stopped, "--resume"],
                          expect_success=False)
