@@ -254,6 +254,42 @@ TEST_CASE("a write that fails on one process fails the save on every process, an
   CHECK(manager.checkpoints().empty());
 }
 
+// A source whose snapshot throws on one process (as a parameter-server save inside run() does).
+class RefusingSource final : public ckpt::Source {
+ public:
+  explicit RefusingSource(int refusing_process) : refusing_process_(refusing_process) {}
+  std::vector<std::string> tensor_names() const override { return {}; }
+  void snapshot(const ckpt::ProcessView& view, std::vector<ckpt::ShardContent>&,
+                std::map<std::string, std::string>&) override {
+    if (view.process == refusing_process_) throw fl::InvalidArgument("refused the snapshot here");
+  }
+  void load(const ckpt::ProcessView&, ckpt::Reader&) override {}
+  void commit() override {}
+
+ private:
+  int refusing_process_;
+};
+
+TEST_CASE("a snapshot refused on one process fails save() on every process at once, and saving goes on after") {
+  SharedDir dir;
+  const int refusing = fl::process_count() - 1;
+  fl::DistributedCheckpointManager manager(dir.path);
+  manager.add(make_vars(4));
+  ckpt::ManagerAccess::add_source(manager, std::make_shared<RefusingSource>(refusing));
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    manager.save(1);
+    FAIL("the save succeeded");
+  } catch (const fl::InvalidArgument& e) {
+    const std::string message = e.what();
+    CHECK_MESSAGE(message == fmt::format("process {}: refused the snapshot here", refusing), message);
+  }
+  // At once: not after the collective timeout of a writer thread waiting for the refusing process.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  manager.wait();  // nothing in flight
+  CHECK(manager.checkpoints().empty());
+}
+
 TEST_CASE("processes that see different latest checkpoints are refused, every one of them") {
   SharedDir dir;
   const std::string mine = fmt::format("{}/p{}", dir.path, fl::process_index());  // not shared: a misconfiguration

@@ -148,7 +148,15 @@ void ManagerCore::save(int64_t step, const std::map<std::string, int64_t>& metad
   job->metadata = metadata;
   job->view = view_;
   job->comm = background_comm_.get();
-  for (const std::shared_ptr<Source>& source : sources_) source->snapshot(view_, job->shards, job->attributes);
+  // A snapshot refused on one process (a parameter-server save inside run()) must fail the save on
+  // every process here, not leave the others' writer threads waiting for it in the gather.
+  std::exception_ptr error;
+  try {
+    for (const std::shared_ptr<Source>& source : sources_) source->snapshot(view_, job->shards, job->attributes);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  agree_on_outcome(training_comm_.get(), error);
   job->copied = std::chrono::steady_clock::now();
   job->copy_seconds = seconds_since(began);
 
