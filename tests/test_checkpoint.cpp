@@ -17,53 +17,17 @@
 #include <set>
 #include <thread>
 
+#include "support/checkpoint_files.hpp"
 #include "support/fifo_watchdog.hpp"
 #include "support/reference.hpp"
 
 namespace {
 
-// A fresh directory from mkdtemp under $TMPDIR (or /tmp), removed with its contents at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/flowlet_ckpt_XXXXXX";
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code error;
-    std::filesystem::remove_all(path, error);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_file(const std::string& path, std::string_view bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
-
-// Exact contents of a variable: dtype, shape and raw bytes (so NaN payloads and -0 count).
-std::string contents(const fl::Variable& v) {
-  const fl::Tensor t = v.value().contiguous();
-  std::string text = fmt::format("{} {} ", fl::dtype_name(t.dtype()), test::shape_text(t.shape()));
-  text.append(static_cast<const char*>(t.raw_data()), static_cast<size_t>(t.numel()) * fl::dtype_size(t.dtype()));
-  return text;
-}
-
-std::vector<std::string> contents(const std::vector<fl::Variable>& vars) {
-  std::vector<std::string> all;
-  for (const auto& v : vars) all.push_back(contents(v));
-  return all;
-}
+using test::contents;
+using test::read_file;
+using test::TempDir;
+using test::with_bit_flipped;
+using test::write_file;
 
 fl::Tensor half_tensor(std::initializer_list<float> values, fl::DType dtype, const fl::Shape& shape) {
   return fl::cast(fl::tensor(std::vector<float>(values), shape), dtype);
@@ -334,9 +298,7 @@ TEST_CASE("flipping any single bit of a checkpoint is detected, never restored a
   const auto expected = contents(saved);
   int silently_wrong = 0, accepted = 0;
   for (size_t bit = 0; bit < bytes.size() * 8; ++bit) {
-    std::string copy = bytes;
-    copy[bit / 8] = static_cast<char>(copy[bit / 8] ^ (1 << (bit % 8)));
-    write_file(flipped, copy);
+    write_file(flipped, with_bit_flipped(bytes, bit / 8, static_cast<int>(bit % 8)));
     try {
       const int64_t step = fl::restore_checkpoint(flipped, targets);
       ++accepted;  // acceptable only if the result is exactly the saved state

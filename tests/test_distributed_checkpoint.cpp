@@ -26,6 +26,7 @@
 #include "flowlet/optim.hpp"
 #include "state/mirrored_variable.hpp"
 #include "state/variable_state.hpp"
+#include "support/checkpoint_files.hpp"
 #include "support/reference.hpp"
 #include "support/replicas.hpp"
 
@@ -35,45 +36,14 @@ namespace fs = std::filesystem;
 namespace ckpt = fl::detail::ckpt;
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/flowlet_dckpt_XXXXXX";
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code error;
-    fs::remove_all(path, error);
-  }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("flowlet_dckpt") {}
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_file(const std::string& path, std::string_view bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
-
-// Exact contents: dtype, shape and raw bytes.
-std::string contents(const fl::Variable& v) {
-  const fl::Tensor t = v.value().contiguous();
-  std::string text = fmt::format("{} {} ", fl::dtype_name(t.dtype()), test::shape_text(t.shape()));
-  text.append(static_cast<const char*>(t.raw_data()), static_cast<size_t>(t.numel()) * fl::dtype_size(t.dtype()));
-  return text;
-}
-std::vector<std::string> contents(const std::vector<fl::Variable>& vars) {
-  std::vector<std::string> out;
-  for (const fl::Variable& v : vars) out.push_back(contents(v));
-  return out;
-}
+using test::contents;
+using test::read_file;
+using test::with_bit_flipped;
+using test::write_file;
 
 // Three variables of different dtypes and ranks, seeded.
 std::vector<fl::Variable> make_vars(uint64_t seed) {
@@ -399,9 +369,7 @@ TEST_CASE("manifest truncated at many lengths, or bit-flipped anywhere: refused,
   }
   for (size_t at = 0; at < intact.size(); at += 3) {
     for (const int bit : {0, 5}) {
-      std::string flipped = intact;
-      flipped[at] = static_cast<char>(flipped[at] ^ (1 << bit));
-      write_file(manifest, flipped);
+      write_file(manifest, with_bit_flipped(intact, at, bit));
       c.expect_refused(manifest, fmt::format("bit {} of manifest byte {} flipped", bit, at));
     }
   }
@@ -422,9 +390,7 @@ TEST_CASE("each shard truncated or bit-flipped in its header and data: refused, 
     write_file(shard, intact + "x");
     c.expect_refused(shard, shard_name + " with a byte appended");
     for (size_t at = 0; at < intact.size(); at += 5) {
-      std::string flipped = intact;
-      flipped[at] = static_cast<char>(flipped[at] ^ 0x10);
-      write_file(shard, flipped);
+      write_file(shard, with_bit_flipped(intact, at, 4));
       c.expect_refused(shard, fmt::format("{} byte {} (of {}) flipped", shard_name, at, intact.size()));
     }
     write_file(shard, intact);

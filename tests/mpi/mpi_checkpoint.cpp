@@ -32,6 +32,7 @@
 #include "flowlet/mirrored.hpp"
 #include "state/mirrored_variable.hpp"
 #include "state/variable_state.hpp"
+#include "support/checkpoint_files.hpp"
 #include "support/reference.hpp"
 #include "support/replicas.hpp"
 
@@ -62,16 +63,9 @@ struct SharedDir {
   }
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_file(const std::string& path, std::string_view bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
+using test::read_file;
+using test::with_bit_flipped;
+using test::write_file;
 
 // N + 2 variables of different sizes (every process gets at least one to write), seeded alike on every process.
 std::vector<fl::Variable> make_vars(uint64_t seed) {
@@ -215,9 +209,7 @@ TEST_CASE(
   const std::string intact = read_file(shard);
   fl::barrier();
   if (fl::process_index() == 0) {
-    std::string flipped = intact;
-    flipped[flipped.size() - 3] = static_cast<char>(flipped[flipped.size() - 3] ^ 1);
-    write_file(shard, flipped);
+    write_file(shard, with_bit_flipped(intact, intact.size() - 3, 0));
   }
   fl::barrier();
   try {
