@@ -111,18 +111,36 @@ class Parser {
     error("expected an object, array, string or integer");
   }
 
+  // After '{' or '[': true (and consumed) when `close` follows at once, the container being empty.
+  bool empty_container(char close) {
+    skip_whitespace();
+    if (peek() != close) return false;
+    ++pos_;
+    return true;
+  }
+
+  // After an element: true at ',' (another element follows), false at `close`; both consumed.
+  bool another_element(char close) {
+    skip_whitespace();
+    if (peek() == ',') {
+      ++pos_;
+      return true;
+    }
+    if (peek() == close) {
+      ++pos_;
+      return false;
+    }
+    error(fmt::format("expected ',' or '{}'", close));
+  }
+
   JsonValue parse_object(int depth) {
     JsonValue value;
     value.kind = JsonValue::Kind::object;
     expect('{');
-    skip_whitespace();
-    if (peek() == '}') {
-      ++pos_;
-      return value;
-    }
+    if (empty_container('}')) return value;
     // Hashed, so that checking n keys for duplicates costs O(n) (a scan per key made 40,000 keys take 21 s).
     std::unordered_set<std::string> keys;
-    while (true) {
+    do {
       skip_whitespace();
       if (peek() != '"') error("expected a string key");
       const size_t key_pos = pos_;
@@ -136,72 +154,39 @@ class Parser {
       skip_whitespace();
       JsonValue member = parse_value(depth + 1);
       value.members.emplace_back(std::move(key), std::move(member));
-      skip_whitespace();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      if (peek() == '}') {
-        ++pos_;
-        return value;
-      }
-      error("expected ',' or '}'");
-    }
+    } while (another_element('}'));
+    return value;
   }
 
-  JsonValue parse_array() {
+  // An array whose elements `parse_element(value)` reads (after whitespace) and stores in `value`.
+  template <typename ParseElement>
+  JsonValue parse_array_of(ParseElement&& parse_element) {
     JsonValue value;
     value.kind = JsonValue::Kind::array;
     expect('[');
-    skip_whitespace();
-    if (peek() == ']') {
-      ++pos_;
-      return value;
-    }
-    while (true) {
+    if (empty_container(']')) return value;
+    do {
       skip_whitespace();
+      parse_element(value);
+    } while (another_element(']'));
+    return value;
+  }
+
+  JsonValue parse_array() {
+    return parse_array_of([&](JsonValue& value) {
       const char c = peek();
       if (!(c == '-' || (c >= '0' && c <= '9'))) error("expected an integer (arrays hold integers only)");
       value.array.push_back(parse_integer());
-      skip_whitespace();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      if (peek() == ']') {
-        ++pos_;
-        return value;
-      }
-      error("expected ',' or ']'");
-    }
+    });
   }
 
   // An array of any values (manifests): every element in `items`, integers also in `array`.
   JsonValue parse_any_array(int depth) {
-    JsonValue value;
-    value.kind = JsonValue::Kind::array;
-    expect('[');
-    skip_whitespace();
-    if (peek() == ']') {
-      ++pos_;
-      return value;
-    }
-    while (true) {
-      skip_whitespace();
+    return parse_array_of([&](JsonValue& value) {
       JsonValue item = parse_value(depth + 1);
       if (item.kind == JsonValue::Kind::integer) value.array.push_back(item.integer);
       value.items.push_back(std::move(item));
-      skip_whitespace();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      if (peek() == ']') {
-        ++pos_;
-        return value;
-      }
-      error("expected ',' or ']'");
-    }
+    });
   }
 
   int64_t parse_integer() {
