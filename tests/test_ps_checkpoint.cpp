@@ -160,6 +160,12 @@ void check_tensors_equal(const State& got, const State& want, double tolerance) 
   }
 }
 
+// Tensors within `tolerance` and the same counters.
+void check_same_state(const State& got, const State& want, double tolerance) {
+  check_tensors_equal(got, want, tolerance);
+  CHECK(got.counts == want.counts);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Where checkpoints go: through the manager (files), or through the source alone (memory).
 
@@ -301,8 +307,15 @@ class MemoryStore final : public Store {
   std::unique_ptr<MemoryCheckpoint> latest_;
 };
 
-// Runs `scenario` with each store in turn.
-void for_each_store(const std::function<void(Store&)>& scenario) {
+// Attaches `m` to `store` and trains its steps [0, steps).
+void attach_and_train(Store& store, Model& m, int steps, const Ids& ids) {
+  store.attach(m);
+  train(m, 0, steps, ids);
+}
+
+// Runs `scenario` with each store in turn (after ensure_devices()).
+void for_each_store(const std::function<void(Store*)>& scenario) {
+  ensure_devices();
   std::vector<std::unique_ptr<Store>> stores;
 #if PS_CHECKPOINT_WITH_MANAGER
   stores.push_back(std::make_unique<ManagerStore>());
@@ -310,16 +323,14 @@ void for_each_store(const std::function<void(Store&)>& scenario) {
   stores.push_back(std::make_unique<MemoryStore>());
   for (const auto& store : stores) {
     INFO("store: " << std::string(store->name()));
-    scenario(*store);
+    scenario(store.get());
   }
 }
 
 }  // namespace
 
 TEST_CASE("ps checkpoint: a restored job continues exactly as the uninterrupted one") {
-  ensure_devices();
-  for_each_store([](Store& store_ref) {
-    Store* store = &store_ref;
+  for_each_store([](Store* store) {
     constexpr int kBefore = 4, kAfter = 3;
     // The uninterrupted job: trains, is saved, trains on.
     Model original(2);
@@ -340,24 +351,19 @@ TEST_CASE("ps checkpoint: a restored job continues exactly as the uninterrupted 
     for (const fl::Variable& v : resumed.params()) CHECK(test::values(v.value()) == at_save.tensors.at(v.name()));
     train(resumed, kBefore, kAfter, ids_after);
     const State got = state_of(resumed);
-    check_tensors_equal(got, reference, 0.0);
-    CHECK(got.counts == reference.counts);
+    check_same_state(got, reference, 0.0);
 
     // Restoring into a job that has run (its optimizers exist): installed at once.
     store->restore(resumed);
     const State back = state_of(resumed);
-    check_tensors_equal(back, at_save, 0.0);
-    CHECK(back.counts == at_save.counts);
+    check_same_state(back, at_save, 0.0);
   });
 }
 
 TEST_CASE("ps checkpoint: 2 servers -> 3 -> 1: rows re-sharded, slots with them, counters by the rule") {
-  ensure_devices();
-  for_each_store([](Store& store_ref) {
-    Store* store = &store_ref;
+  for_each_store([](Store* store) {
     Model two(2);
-    store->attach(two);
-    train(two, 0, 4, ids_before);
+    attach_and_train(*store, two, 4, ids_before);
     const State at_save = state_of(two);
     REQUIRE(at_save.counts.at("table") == std::vector<int64_t>{4, 1});
     store->save(two, 4);
@@ -420,19 +426,15 @@ void check_refused(Model& m, const std::function<void()>& attempt, const std::ve
   INFO("message: " << message);
   for (const std::string& word : words) CHECK(message.find(word) != std::string::npos);
   const State after = state_of(m);
-  check_tensors_equal(after, before, 0.0);
-  CHECK(after.counts == before.counts);
+  check_same_state(after, before, 0.0);
 }
 
 }  // namespace
 
 TEST_CASE("ps checkpoint: checkpoints that do not fit are refused and change nothing") {
-  ensure_devices();
-  for_each_store([](Store& store_ref) {
-    Store* store = &store_ref;
+  for_each_store([](Store* store) {
     Model saved(2);
-    store->attach(saved);
-    train(saved, 0, 4, ids_before);
+    attach_and_train(*store, saved, 4, ids_before);
     store->save(saved, 4);
 
     // Targets that have run (their servers' optimizers hold state that must survive the refusal).
@@ -466,12 +468,9 @@ TEST_CASE("ps checkpoint: checkpoints that do not fit are refused and change not
 }
 
 TEST_CASE("ps checkpoint: optimizer state restored before the first run waits for run()'s optimizers") {
-  ensure_devices();
-  for_each_store([](Store& store_ref) {
-    Store* store = &store_ref;
+  for_each_store([](Store* store) {
     Model saved(2);
-    store->attach(saved);
-    train(saved, 0, 4, ids_before);
+    attach_and_train(*store, saved, 4, ids_before);
     const State at_save = state_of(saved);
     store->save(saved, 4);
 
@@ -493,17 +492,13 @@ TEST_CASE("ps checkpoint: optimizer state restored before the first run waits fo
     // The right optimizer gets the state.
     train(fresh, 4, 0, ids_after);
     train(again, 4, 0, ids_after);
-    check_tensors_equal(state_of(fresh), at_save, 0.0);
-    CHECK(state_of(fresh).counts == at_save.counts);
-    check_tensors_equal(state_of(again), at_save, 0.0);
-    CHECK(state_of(again).counts == at_save.counts);
+    check_same_state(state_of(fresh), at_save, 0.0);
+    check_same_state(state_of(again), at_save, 0.0);
   });
 }
 
 TEST_CASE("ps checkpoint: a checkpoint saved before the first run holds values only") {
-  ensure_devices();
-  for_each_store([](Store& store_ref) {
-    Store* store = &store_ref;
+  for_each_store([](Store* store) {
     Model saved(2);
     store->attach(saved);
     const State initial = state_of(saved, /*with_slots=*/false);
@@ -511,8 +506,7 @@ TEST_CASE("ps checkpoint: a checkpoint saved before the first run holds values o
     // Restored into a job that trained: values back to the initial ones, optimizer state fresh
     // (zeros, counters 0), so that it continues as a new job would.
     Model trained(2);
-    store->attach(trained);
-    train(trained, 0, 4, ids_before);
+    attach_and_train(*store, trained, 4, ids_before);
     store->restore(trained);
     train(trained, 0, 0, ids_before);
     const State reset = state_of(trained);
@@ -530,12 +524,9 @@ TEST_CASE("ps checkpoint: a checkpoint saved before the first run holds values o
 }
 
 TEST_CASE("ps checkpoint: saves and restores inside run() are refused, naming the strategy") {
-  ensure_devices();
-  for_each_store([](Store& store_ref) {
-    Store* store = &store_ref;
+  for_each_store([](Store* store) {
     Model m(1);
-    store->attach(m);
-    train(m, 0, 1, ids_after);
+    attach_and_train(*store, m, 1, ids_after);
     store->save(m, 1);
     const State before = state_of(m);
     CHECK_THROWS_WITH_AS(m.ps.run(adam(), [&](fl::ps::Worker&) { store->save(m, 2); }),
@@ -543,8 +534,7 @@ TEST_CASE("ps checkpoint: saves and restores inside run() are refused, naming th
     CHECK_THROWS_WITH_AS(m.ps.run(adam(), [&](fl::ps::Worker&) { store->restore(m); }),
                          doctest::Contains("inside ParameterServerStrategy::run()"), fl::InvalidArgument);
     const State after = state_of(m);
-    check_tensors_equal(after, before, 0.0);
-    CHECK(after.counts == before.counts);
+    check_same_state(after, before, 0.0);
   });
 }
 
@@ -552,8 +542,7 @@ TEST_CASE("ps checkpoint: the source refuses another kind of checkpoint and dama
   ensure_devices();
   MemoryStore store;
   Model saved(2);
-  store.attach(saved);
-  train(saved, 0, 4, ids_before);
+  attach_and_train(store, saved, 4, ids_before);
   store.save(saved, 4);
   MemoryCheckpoint& checkpoint = store.latest();
   // What a snapshot records.
@@ -574,8 +563,7 @@ TEST_CASE("ps checkpoint: the source refuses another kind of checkpoint and dama
   CHECK(checkpoint.find("table")->pieces[1].shard == "server-1");
 
   Model m(2);
-  store.attach(m);
-  train(m, 0, 2, ids_after);
+  attach_and_train(store, m, 2, ids_after);
   const std::map<std::string, std::string> good = checkpoint.attributes();
   const auto refused_with = [&](const std::function<void(std::map<std::string, std::string>&)>& edit,
                                 const std::vector<std::string>& words) {
@@ -617,8 +605,7 @@ TEST_CASE("ps checkpoint: a damaged or foreign checkpoint on disk is refused bef
   ensure_devices();
   ManagerStore store;
   Model saved(2);
-  store.attach(saved);
-  train(saved, 0, 4, ids_before);
+  attach_and_train(store, saved, 4, ids_before);
   store.save(saved, 4);
   const std::string checkpoint = store.manager(saved).latest().value();
   std::map<std::string, std::filesystem::path> shard_files;  // "server-0" -> its file
@@ -629,8 +616,7 @@ TEST_CASE("ps checkpoint: a damaged or foreign checkpoint on disk is refused bef
   REQUIRE(shard_files.size() == 2);  // one file per server
 
   Model m(2);
-  store.attach(m);
-  train(m, 0, 2, ids_after);
+  attach_and_train(store, m, 2, ids_after);
   const std::filesystem::path damaged = shard_files.at("server-1");
   const std::string file_name = damaged.filename().string();
   {  // a flipped bit in server 1's rows
