@@ -43,6 +43,7 @@
 #include "checkpoint_flags.hpp"
 #include "collective_overlap.hpp"
 #include "fashion_mnist_mlp.hpp"
+#include "error_text.hpp"
 
 namespace fl = flowlet;
 
@@ -256,7 +257,7 @@ int main(int argc, char** argv) {
   try {
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nmirrored_fashion_mnist: %s\n", e.what());
+    std::fprintf(stderr, "\nmirrored_fashion_mnist: %s\n", examples::without_program("mirrored_fashion_mnist", e.what()));
     return 1;
   }
 }

@@ -45,6 +45,7 @@
 #include <flowlet/parameter_server.hpp>
 
 #include "checkpoint_flags.hpp"
+#include "error_text.hpp"
 
 namespace fl = flowlet;
 
@@ -421,7 +422,7 @@ int main(int argc, char** argv) {
   try {
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nps_embedding: %s\n", e.what());
+    std::fprintf(stderr, "\nps_embedding: %s\n", examples::without_program("ps_embedding", e.what()));
     return 1;
   }
 }

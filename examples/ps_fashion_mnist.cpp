@@ -41,6 +41,7 @@
 
 #include "fashion_mnist_mlp.hpp"
 #include "svg_chart.hpp"
+#include "error_text.hpp"
 
 namespace fl = flowlet;
 
@@ -310,7 +311,7 @@ int main(int argc, char** argv) {
     const Options options = parse(argc, argv);
     return run(options);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nps_fashion_mnist: %s\n", e.what());
+    std::fprintf(stderr, "\nps_fashion_mnist: %s\n", examples::without_program("ps_fashion_mnist", e.what()));
     return 1;
   }
 }

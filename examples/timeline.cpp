@@ -18,6 +18,8 @@
 
 #include <flowlet/flowlet.hpp>
 
+#include "error_text.hpp"
+
 namespace fl = flowlet;
 
 namespace {
@@ -312,7 +314,7 @@ int main(int argc, char** argv) {
   try {
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "timeline: %s\n", e.what());
+    std::fprintf(stderr, "timeline: %s\n", examples::without_program("timeline", e.what()));
     return 1;
   }
 }

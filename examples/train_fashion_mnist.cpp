@@ -21,6 +21,7 @@
 
 #include "fashion_mnist_mlp.hpp"
 #include "svg_chart.hpp"
+#include "error_text.hpp"
 
 namespace fl = flowlet;
 
@@ -170,7 +171,7 @@ int main(int argc, char** argv) {
   try {
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\ntrain_fashion_mnist: %s\n", e.what());
+    std::fprintf(stderr, "\ntrain_fashion_mnist: %s\n", examples::without_program("train_fashion_mnist", e.what()));
     return 1;
   }
 }

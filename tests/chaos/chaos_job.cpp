@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <flowlet/collective.hpp>
@@ -282,7 +283,13 @@ int main(int argc, char** argv) {
     const Options o = parse(argc, argv);
     return o.mode == "mirrored" ? run_mirrored(o) : run_ps(o);
   } catch (const std::exception& error) {
-    std::fprintf(stderr, "chaos_job: error (process %d): %s\n", fl::process_index(), error.what());
+    // Errors the processes agreed on already name the failing process ("process N: ..."); name
+    // this process only for the others.
+    if (std::string_view(error.what()).starts_with("process ")) {
+      std::fprintf(stderr, "chaos_job: error: %s\n", error.what());
+    } else {
+      std::fprintf(stderr, "chaos_job: error (process %d): %s\n", fl::process_index(), error.what());
+    }
     return 1;
   }
 }
