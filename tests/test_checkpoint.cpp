@@ -346,32 +346,16 @@ TEST_CASE("a save killed with SIGKILL at a random moment always leaves a complet
   std::set<int64_t> steps_seen;
   int killed_mid_write = 0;  // rounds that left a temporary file: the kill landed between open and rename
   for (int round = 1; round <= kRounds; ++round) {
-    int report[2];
-    REQUIRE(::pipe(report) == 0);
-    const pid_t child = ::fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-      // Only save_checkpoint runs here: no ops (the thread pool is not copied by fork).
-      ::close(report[0]);
-      try {
-        for (int64_t i = 1;; ++i) {
-          fl::save_checkpoint(path, states[i % kStates], round * kRoundStride + i);
-          if (::write(report[1], "s", 1) != 1) ::_exit(2);
-        }
-      } catch (...) {
-        ::_exit(1);
-      }
-    }
-    ::close(report[1]);
     const int wait_for = completed_saves(rng);
-    char byte;
-    for (int k = 0; k < wait_for; ++k) REQUIRE(::read(report[0], &byte, 1) == 1);
-    std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
-    ::kill(child, SIGKILL);
-    int status = 0;
-    REQUIRE(::waitpid(child, &status, 0) == child);
-    ::close(report[0]);
-    CHECK(WIFSIGNALED(status));
+    const std::chrono::microseconds delay(delay_us(rng));
+    test::kill_saving_child(
+        [&](const std::function<void()>& report) {
+          for (int64_t i = 1;; ++i) {
+            fl::save_checkpoint(path, states[i % kStates], round * kRoundStride + i);
+            report();
+          }
+        },
+        wait_for, delay);
 
     const int64_t step = fl::restore_checkpoint(path, targets);
     const int64_t state = step % kRoundStride % kStates;

@@ -732,39 +732,23 @@ TEST_CASE("a save killed with SIGKILL at a random moment leaves the previous or 
   std::set<int64_t> steps_seen;
   int killed_mid_write = 0;  // step directories without a manifest seen after the kills
   for (int round = 1; round <= kRounds; ++round) {
-    int report[2];
-    REQUIRE(::pipe(report) == 0);
-    const pid_t child = ::fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-      // Saves only (copies and file writes, no ops: fork does not copy the thread pool); one
-      // manager per state, all over the same directory.
-      ::close(report[0]);
-      try {
-        std::vector<std::unique_ptr<fl::DistributedCheckpointManager>> managers;
-        for (int s = 0; s < kStates; ++s) {
-          managers.push_back(std::make_unique<fl::DistributedCheckpointManager>(
-              dir.path, fl::DistributedCheckpointOptions{.max_to_keep = 2, .background = false}));
-          managers.back()->add(states[static_cast<size_t>(s)]);
-        }
-        for (int64_t i = 1;; ++i) {
-          managers[static_cast<size_t>(i % kStates)]->save(round * kRoundStride + i);
-          if (::write(report[1], "s", 1) != 1) ::_exit(2);
-        }
-      } catch (...) {
-        ::_exit(1);
-      }
-    }
-    ::close(report[1]);
     const int wait_for = completed_saves(rng);
-    char byte;
-    for (int k = 0; k < wait_for; ++k) REQUIRE(::read(report[0], &byte, 1) == 1);
-    std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
-    ::kill(child, SIGKILL);
-    int status = 0;
-    REQUIRE(::waitpid(child, &status, 0) == child);
-    ::close(report[0]);
-    CHECK(WIFSIGNALED(status));
+    const std::chrono::microseconds delay(delay_us(rng));
+    test::kill_saving_child(
+        [&](const std::function<void()>& report) {
+          // Copies and file writes only; one manager per state, all over the same directory.
+          std::vector<std::unique_ptr<fl::DistributedCheckpointManager>> managers;
+          for (int s = 0; s < kStates; ++s) {
+            managers.push_back(std::make_unique<fl::DistributedCheckpointManager>(
+                dir.path, fl::DistributedCheckpointOptions{.max_to_keep = 2, .background = false}));
+            managers.back()->add(states[static_cast<size_t>(s)]);
+          }
+          for (int64_t i = 1;; ++i) {
+            managers[static_cast<size_t>(i % kStates)]->save(round * kRoundStride + i);
+            report();
+          }
+        },
+        wait_for, delay);
 
     for (const auto& entry : fs::directory_iterator(dir.path)) {
       killed_mid_write += !fs::exists(entry.path() / "manifest.json");

@@ -4,15 +4,21 @@
 
 #include <doctest/doctest.h>
 #include <fmt/core.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include <flowlet/flowlet.hpp>
@@ -70,6 +76,38 @@ inline std::vector<std::string> contents(const std::vector<fl::Variable>& vars) 
 inline std::string with_bit_flipped(std::string bytes, size_t at, int bit) {
   bytes[at] = static_cast<char>(bytes[at] ^ (1 << bit));
   return bytes;
+}
+
+// The SIGKILL tests' child: forks a process that runs `saves(report)`, which saves forever and
+// calls report() after each finished save; waits for `reported` reports, then `delay`, kills the
+// child with SIGKILL and reaps it. Only saves may run in the child (fork does not copy the thread
+// pool, so no ops).
+inline void kill_saving_child(const std::function<void(const std::function<void()>& report)>& saves, int reported,
+                              std::chrono::microseconds delay) {
+  int report[2];
+  REQUIRE(::pipe(report) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(report[0]);
+    try {
+      saves([&] {
+        if (::write(report[1], "s", 1) != 1) ::_exit(2);
+      });
+    } catch (...) {
+      ::_exit(1);
+    }
+    ::_exit(0);
+  }
+  ::close(report[1]);
+  char byte;
+  for (int k = 0; k < reported; ++k) REQUIRE(::read(report[0], &byte, 1) == 1);
+  std::this_thread::sleep_for(delay);
+  ::kill(child, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  ::close(report[0]);
+  CHECK(WIFSIGNALED(status));
 }
 
 }  // namespace test
