@@ -20,6 +20,7 @@
 #include <system_error>
 #include <utility>
 
+#include "checkpoint/step_name.hpp"
 #include "core/check.hpp"
 #include "core/user_text.hpp"
 #include "flowlet/checkpoint.hpp"
@@ -38,14 +39,7 @@ int64_t step_of(std::string_view file, std::string_view prefix) {
   if (file.substr(0, prefix.size()) != prefix || file[prefix.size()] != '-') return -1;
   if (file.substr(file.size() - kSuffix.size()) != kSuffix) return -1;
   const std::string_view digits = file.substr(prefix.size() + 1, file.size() - prefix.size() - 1 - kSuffix.size());
-  uint64_t step = 0;
-  for (const char c : digits) {
-    if (c < '0' || c > '9') return -1;
-    const auto digit = static_cast<uint64_t>(c - '0');
-    if (step > (static_cast<uint64_t>(INT64_MAX) - digit) / 10) return -1;  // beyond int64
-    step = step * 10 + digit;
-  }
-  return static_cast<int64_t>(step);
+  return checkpoint::step_of_digits(digits);
 }
 
 }  // namespace

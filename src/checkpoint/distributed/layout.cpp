@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "checkpoint/distributed/manifest.hpp"
+#include "checkpoint/step_name.hpp"
 #include "core/check.hpp"
 
 namespace flowlet::detail::ckpt {
@@ -36,14 +37,7 @@ int64_t step_of_name(std::string_view name, std::string_view prefix) {
   if (name.size() <= prefix.size() + 1 || name.substr(0, prefix.size()) != prefix || name[prefix.size()] != '-')
     return -1;
   const std::string_view digits = name.substr(prefix.size() + 1);
-  uint64_t step = 0;
-  for (const char c : digits) {
-    if (c < '0' || c > '9') return -1;
-    const auto digit = static_cast<uint64_t>(c - '0');
-    if (step > (static_cast<uint64_t>(INT64_MAX) - digit) / 10) return -1;  // beyond int64
-    step = step * 10 + digit;
-  }
-  return static_cast<int64_t>(step);
+  return checkpoint::step_of_digits(digits);
 }
 
 int64_t step_of_path(const std::string& path, std::string_view prefix) {
