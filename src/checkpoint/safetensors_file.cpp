@@ -169,23 +169,8 @@ bool parse_int64(std::string_view text, int64_t& value) {
   return true;
 }
 
-WrittenFile write_safetensors_file(const std::string& path, const std::vector<NamedTensor>& tensors, int64_t step,
-                                   const std::vector<std::pair<std::string, std::string>>& extra_metadata,
-                                   std::string_view op, const std::function<void()>& before_rename) {
-  uint32_t data_crc = 0;
-  uint64_t data_bytes = 0;
-  for (const NamedTensor& t : tensors) {
-    const size_t bytes = static_cast<size_t>(t.value.numel()) * dtype_size(t.value.dtype());
-    if (bytes > 0) data_crc = crc32_update(data_crc, t.value.raw_data(), bytes);
-    data_bytes += bytes;
-  }
-  const std::string header = build_header(tensors, step, data_crc, extra_metadata);
-  const uint64_t header_bytes = header.size();
-  const uint32_t prefix_crc = crc32_update(crc32_update(0, &header_bytes, 8), header.data(), header.size());
-  WrittenFile written;
-  written.bytes = static_cast<int64_t>(8 + header_bytes + data_bytes);
-  written.crc32 = static_cast<uint32_t>(::crc32_combine(prefix_crc, data_crc, static_cast<z_off_t>(data_bytes)));
-
+void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& parts, std::string_view op,
+                           const std::function<void()>& before_rename) {
   // Unique per process and per call, so concurrent saves to one path never share a temporary file.
   const std::string tmp_path = fmt::format("{}.tmp.{}.{}", path, ::getpid(), g_save_counter.fetch_add(1));
   Fd file(::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
@@ -195,13 +180,8 @@ WrittenFile write_safetensors_file(const std::string& path, const std::vector<Na
         path, errno_text(errno));
   }
   try {
-    write_all(file.fd, &header_bytes, 8, tmp_path, op);
-    write_all(file.fd, header.data(), header.size(), tmp_path, op);
-    for (const NamedTensor& t : tensors) {
-      if (t.value.numel() > 0) {
-        write_all(file.fd, t.value.raw_data(), static_cast<size_t>(t.value.numel()) * dtype_size(t.value.dtype()),
-                  tmp_path, op);
-      }
+    for (const ByteSpan& part : parts) {
+      if (part.bytes > 0) write_all(file.fd, part.data, part.bytes, tmp_path, op);
     }
     if (::fsync(file.fd) != 0)
       detail::fail<InvalidArgument>("{}: cannot fsync '{}': {}", op, tmp_path, errno_text(errno));
@@ -223,6 +203,30 @@ WrittenFile write_safetensors_file(const std::string& path, const std::vector<Na
     detail::fail<InvalidArgument>("{}: saved '{}' but cannot fsync its directory '{}': {}", op, path, directory,
                                   errno_text(errno));
   }
+}
+
+WrittenFile write_safetensors_file(const std::string& path, const std::vector<NamedTensor>& tensors, int64_t step,
+                                   const std::vector<std::pair<std::string, std::string>>& extra_metadata,
+                                   std::string_view op, const std::function<void()>& before_rename) {
+  uint32_t data_crc = 0;
+  uint64_t data_bytes = 0;
+  for (const NamedTensor& t : tensors) {
+    const size_t bytes = static_cast<size_t>(t.value.numel()) * dtype_size(t.value.dtype());
+    if (bytes > 0) data_crc = crc32_update(data_crc, t.value.raw_data(), bytes);
+    data_bytes += bytes;
+  }
+  const std::string header = build_header(tensors, step, data_crc, extra_metadata);
+  const uint64_t header_bytes = header.size();
+  const uint32_t prefix_crc = crc32_update(crc32_update(0, &header_bytes, 8), header.data(), header.size());
+  WrittenFile written;
+  written.bytes = static_cast<int64_t>(8 + header_bytes + data_bytes);
+  written.crc32 = static_cast<uint32_t>(::crc32_combine(prefix_crc, data_crc, static_cast<z_off_t>(data_bytes)));
+
+  std::vector<ByteSpan> parts = {{&header_bytes, 8}, {header.data(), header.size()}};
+  for (const NamedTensor& t : tensors) {
+    parts.push_back({t.value.raw_data(), static_cast<size_t>(t.value.numel()) * dtype_size(t.value.dtype())});
+  }
+  write_file_atomically(path, parts, op, before_rename);
   return written;
 }
 

@@ -45,6 +45,17 @@ struct WrittenFile {
   uint32_t crc32 = 0;
 };
 
+// Writes the bytes of `parts`, one after another, to `path` atomically: a temporary file
+// `<path>.tmp.<pid>.<n>` in the same directory, fsync, rename over `path`, fsync of the directory, so
+// a crash at any moment leaves the old file (or none) at `path`. `before_rename` runs once the data
+// is durable, before the rename (a test hook). Errors: InvalidArgument "<op>: cannot ... '<file>': <why>".
+struct ByteSpan {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+void write_file_atomically(const std::string& path, const std::vector<ByteSpan>& parts, std::string_view op,
+                           const std::function<void()>& before_rename = {});
+
 // Writes `tensors` (names unique, valid UTF-8, not "__metadata__": the caller checks) to `path`
 // atomically. `extra_metadata` adds string pairs to `__metadata__` (keys other than step, format,
 // crc32, header_crc32). `before_rename` runs once the data is written, before the temporary file

@@ -140,38 +140,6 @@ Manifest join_records(const SaveJob& job, const std::vector<std::string>& record
   return manifest;
 }
 
-void write_text_atomically(const std::string& path, const std::string& text, std::string_view op) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) detail::fail<InvalidArgument>("{}: cannot create '{}': {}", op, tmp, std::strerror(errno));
-  size_t done = 0;
-  int error = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      error = errno;
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (error == 0 && ::fsync(fd) != 0) error = errno;
-  if (::close(fd) != 0 && error == 0) error = errno;
-  if (error == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) error = errno;
-  if (error != 0) {
-    ::unlink(tmp.c_str());
-    detail::fail<InvalidArgument>("{}: cannot write '{}': {}", op, path, std::strerror(error));
-  }
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0 || (::fsync(dir_fd) != 0 && errno != EINVAL)) {
-    const int e = errno;
-    if (dir_fd >= 0) ::close(dir_fd);
-    detail::fail<InvalidArgument>("{}: wrote '{}' but cannot fsync its directory: {}", op, path, std::strerror(e));
-  }
-  ::close(dir_fd);
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -211,7 +179,9 @@ CheckpointSaveStats run_save_job(SaveJob& job) {
     try {
       const Manifest manifest = join_records(job, records, step_dir);
       test_delay();
-      write_text_atomically(step_dir + "/" + std::string(kManifestFile), manifest_to_json(manifest), job.op);
+      const std::string text = manifest_to_json(manifest);
+      checkpoint::write_file_atomically(step_dir + "/" + std::string(kManifestFile), {{text.data(), text.size()}},
+                                        job.op);
       std::vector<std::string> keep;
       for (const ShardRecord& shard : manifest.shards) {
         keep.push_back(shard.file);
