@@ -33,6 +33,10 @@ const std::vector<Op*>& all_ops() {
     detail::add_reduce_ops(list);
     detail::add_shape_ops(list);
     detail::add_host_ops(list);
+    detail::add_conv_ops(list);
+    detail::add_pool_ops(list);
+    detail::add_normalization_ops(list);
+    detail::add_dropout_ops(list);
     detail::add_state_ops(list);
     detail::add_transfer_ops(list);
     detail::add_fused_ops(list);

@@ -18,6 +18,8 @@ void add_kernels(const std::vector<Op*>& ops) {
   cuda::add_linalg_kernels(ops);
   cuda::add_nn_kernels(ops);
   cuda::add_shape_kernels(ops);
+  cuda::add_conv_kernels(ops);
+  cuda::add_normalization_kernels(ops);
 }
 
 // Kernels are read from the Op values (dispatch, placement), so the backend registers them before

@@ -21,5 +21,8 @@ void add_reduce_kernels(const OpList& ops);       // reduce.cpp
 void add_linalg_kernels(const OpList& ops);       // linalg.cpp
 void add_nn_kernels(const OpList& ops);           // nn.cpp
 void add_shape_kernels(const OpList& ops);        // shape.cpp: concat, gather, scatter_add
+// Issue 15 (ops in src/ops/conv_attrs.hpp):
+void add_conv_kernels(const OpList& ops);           // conv.cpp: conv2d and its backward ops (cuDNN), pooling
+void add_normalization_kernels(const OpList& ops);  // normalization.cpp: batch_norm_*, layer_norm*, dropout
 
 }  // namespace flowlet::detail::cuda

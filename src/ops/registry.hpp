@@ -15,6 +15,12 @@ void add_nn_ops(std::vector<Op*>& ops);
 void add_reduce_ops(std::vector<Op*>& ops);
 void add_shape_ops(std::vector<Op*>& ops);
 void add_host_ops(std::vector<Op*>& ops);  // print, host_callback
+// Issue 15 (ops in src/ops/conv_attrs.hpp): conv2d and its backward ops; max/avg pooling and theirs;
+// batch_norm_training/backward/inference, layer_norm and its backward op; dropout.
+void add_conv_ops(std::vector<Op*>& ops);
+void add_pool_ops(std::vector<Op*>& ops);
+void add_normalization_ops(std::vector<Op*>& ops);
+void add_dropout_ops(std::vector<Op*>& ops);
 
 // Ops that only graphs hold, recorded by a library call while tracing or inserted by a pass.
 void add_state_ops(std::vector<Op*>& ops);     // read_variable, assign_variable, assign_matmul

@@ -1,4 +1,4 @@
-// Linear and Sequential.
+// Module, Linear and Sequential (the other layers: conv_layers.cpp).
 #include "flowlet/layers.hpp"
 
 #include <cmath>
@@ -27,6 +27,17 @@ class FunctionModule : public Module {
   std::function<Tensor(const Tensor&)> function_;
 };
 
+// Every part's variables of one kind (parameters or buffers), in order.
+std::vector<Variable> concat_parts(const std::vector<std::shared_ptr<Module>>& parts,
+                                   std::vector<Variable> (Module::*of_part)() const) {
+  std::vector<Variable> all;
+  for (const auto& part : parts) {
+    const auto own = (*part.*of_part)();
+    all.insert(all.end(), own.begin(), own.end());
+  }
+  return all;
+}
+
 }  // namespace
 
 Linear::Linear(int64_t in_features, int64_t out_features, uint64_t seed, std::string name, DType dtype)
@@ -34,6 +45,13 @@ Linear::Linear(int64_t in_features, int64_t out_features, uint64_t seed, std::st
       bias(zeros({out_features}, dtype), name + "/bias") {}
 
 Tensor Linear::forward(const Tensor& x) { return matmul(x, weight) + bias; }
+
+std::vector<Variable> Module::variables() const {
+  std::vector<Variable> all = parameters();
+  const auto kept = buffers();
+  all.insert(all.end(), kept.begin(), kept.end());
+  return all;
+}
 
 void Sequential::add(std::shared_ptr<Module> module) {
   if (!module) throw InvalidArgument("Sequential.add: module is null");
@@ -51,13 +69,13 @@ Tensor Sequential::forward(const Tensor& x) {
   return y;
 }
 
-std::vector<Variable> Sequential::parameters() const {
-  std::vector<Variable> all;
-  for (const auto& part : parts_) {
-    const auto own = part->parameters();
-    all.insert(all.end(), own.begin(), own.end());
-  }
-  return all;
+std::vector<Variable> Sequential::parameters() const { return concat_parts(parts_, &Module::parameters); }
+
+std::vector<Variable> Sequential::buffers() const { return concat_parts(parts_, &Module::buffers); }
+
+void Sequential::set_mode(Mode mode) {
+  Module::set_mode(mode);
+  for (const auto& part : parts_) part->set_mode(mode);
 }
 
 }  // namespace flowlet::nn

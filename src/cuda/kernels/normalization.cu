@@ -1,0 +1,1 @@
+// Placeholder: filled by the CUDA part of issue 15.

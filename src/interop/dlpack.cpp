@@ -1,0 +1,1 @@
+// Placeholder: filled by the DLPack part of issue 15.

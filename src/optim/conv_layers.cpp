@@ -1,0 +1,1 @@
+// Placeholder: filled by the normalization part of issue 15.
