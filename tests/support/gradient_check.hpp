@@ -89,6 +89,8 @@ struct ToDeviceAttrsMirror {
 
 using Builder = std::function<std::vector<GradCase>()>;
 
+#include "support/gradient_cases_norm.inc"  // add_norm_gradient_cases (issue 15)
+
 inline std::map<std::string, Builder> build_cases() {
   std::map<std::string, Builder> b;
   const Domain N = Domain::normal;
@@ -327,6 +329,7 @@ inline std::map<std::string, Builder> build_cases() {
         all_floating("[2, 3]", {f64_input({2, 3}, 711)}, [](const Inputs& in) { return fl::all_gather(in[0]); }),
         all_floating("a scalar", {f64_input({}, 712)}, [](const Inputs& in) { return fl::all_gather(in[0]); })};
   };
+  add_norm_gradient_cases(b);
   return b;
 }
 
