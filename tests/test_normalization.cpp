@@ -453,3 +453,30 @@ TEST_CASE("dropout: threads drawing from one generator never draw the same strea
   for (int i = 0; i < 2 * per_thread; ++i) want.insert(test::values(fl::dropout(x, 0.5, replay)));
   CHECK(got == want);
 }
+
+TEST_CASE("layer_norm: gamma and beta gradients over many rows (row blocks) match an f64 loop") {
+  for (const fl::Shape& s : {fl::Shape{37, 5}, fl::Shape{3, 4, 6}, fl::Shape{9, 1}}) {
+    CAPTURE(test::shape_text(s));
+    const int64_t d = s[s.size() - 1], rows = fl::Shape(s).numel() / d;
+    const fl::Tensor x = test::random_tensor(s, 120, fl::f64), dy = test::random_tensor(s, 121, fl::f64);
+    const fl::Tensor gamma = test::random_tensor({d}, 122, fl::f64), beta = test::random_tensor({d}, 123, fl::f64);
+    fl::GradientTape tape;
+    tape.watch(gamma);
+    tape.watch(beta);
+    const std::vector<fl::Tensor> g = tape.gradient(fl::sum(fl::layer_norm(x, gamma, beta) * dy), {gamma, beta});
+    const std::vector<double> xv = test::values(x), dv = test::values(dy);
+    std::vector<double> dgamma(static_cast<size_t>(d)), dbeta(static_cast<size_t>(d));
+    for (int64_t r = 0; r < rows; ++r) {
+      double m = 0, var = 0;
+      for (int64_t j = 0; j < d; ++j) m += xv[static_cast<size_t>(r * d + j)] / static_cast<double>(d);
+      for (int64_t j = 0; j < d; ++j) var += std::pow(xv[static_cast<size_t>(r * d + j)] - m, 2) / static_cast<double>(d);
+      for (int64_t j = 0; j < d; ++j) {
+        const auto i = static_cast<size_t>(r * d + j);
+        dgamma[static_cast<size_t>(j)] += dv[i] * (xv[i] - m) / std::sqrt(var + 1e-5);
+        dbeta[static_cast<size_t>(j)] += dv[i];
+      }
+    }
+    test::check_tensor(g[0], dgamma, fl::Shape{d}, fl::f64, test::Tolerance{1e-10, 1e-10});
+    test::check_tensor(g[1], dbeta, fl::Shape{d}, fl::f64, test::Tolerance{1e-10, 1e-10});
+  }
+}

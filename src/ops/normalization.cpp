@@ -427,19 +427,35 @@ void ln_backward_kernel(const OpCall& call, std::span<Tensor> out) {
         }
       }
     });
-    // dgamma and dbeta sum over rows: in parallel over the normalized positions instead.
-    parallel_for(d, channel_grain(rows), [&](int64_t begin, int64_t end) {
-      for (int64_t j = begin; j < end; ++j) {
-        double sum_dy = 0, sum_dy_xh = 0;
-        for (int64_t r = 0; r < rows; ++r) {
-          const double dyv = load(dys, r * d + j);
-          sum_dy += dyv;
-          sum_dy_xh += dyv * (load(xs, r * d + j) - load(m, r)) * load(rs, r);
+    // dgamma and dbeta sum over rows: each of a fixed number of row blocks accumulates its own
+    // partial sums (reading rows contiguously), then the blocks' sums are added in block order, so
+    // the result does not depend on the thread count.
+    constexpr int64_t kRowBlocks = 8;
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(rows, kRowBlocks));
+    std::vector<double> partial(static_cast<size_t>(blocks * 2 * d), 0.0);
+    parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        double* sum_dy = partial.data() + b * 2 * d;
+        double* sum_dy_xh = sum_dy + d;
+        for (int64_t r = rows * b / blocks; r < rows * (b + 1) / blocks; ++r) {
+          const double mu = load(m, r), rstd_r = load(rs, r);
+          for (int64_t j = 0; j < d; ++j) {
+            const double dyv = load(dys, r * d + j);
+            sum_dy[j] += dyv;
+            sum_dy_xh[j] += dyv * (load(xs, r * d + j) - mu) * rstd_r;
+          }
         }
-        dgamma[j] = convert<T>(sum_dy_xh);
-        dbeta[j] = convert<T>(sum_dy);
       }
     });
+    for (int64_t j = 0; j < d; ++j) {
+      double total_dy = 0, total_dy_xh = 0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        total_dy += partial[static_cast<size_t>(b * 2 * d + j)];
+        total_dy_xh += partial[static_cast<size_t>(b * 2 * d + d + j)];
+      }
+      dgamma[j] = convert<T>(total_dy_xh);
+      dbeta[j] = convert<T>(total_dy);
+    }
   });
 }
 
@@ -463,6 +479,20 @@ Op layer_norm_op{"layer_norm", 3, 3, kNoFlags, &ln_infer, {&ln_kernel, nullptr},
 Op layer_norm_backward_op{"layer_norm_backward", 5, 5, kNoFlags, &ln_backward_infer, {&ln_backward_kernel, nullptr},
                           &ln_backward_grad, &copy_attributes<NormAttrs>, &describe_attributes<NormAttrs>};
 
+// True when `g` is an eager CPU tensor of zeros: the gradient a tape gives an output nobody used.
+// Rules then skip that output's terms (full passes over x). Traced and other devices' gradients
+// are not read (unknown now, or a copy to the host): their terms are always added.
+bool known_zeros(const Tensor& g) {
+  if (g.is_symbolic() || g.device().kind() != DeviceKind::cpu) return false;
+  const Tensor packed = g.contiguous();
+  return visit_dtype<kFloating>(packed.dtype(), [&]<class T>(TypeTag<T>) {
+    const T* p = static_cast<const T*>(packed.raw_data());
+    for (int64_t i = 0; i < packed.numel(); ++i)
+      if (load(p, i) != 0.0) return false;
+    return true;
+  });
+}
+
 // y, mean, var = batch_norm_training(x, gamma, beta). y's gradient goes through
 // batch_norm_backward; mean = sum(x) / M and var = sum((x - mean)^2) / M add
 // g_mean / M + g_var * 2 (x - mean) / M to dx.
@@ -472,9 +502,16 @@ void bn_training_grad(const GradCall& c, std::span<const Tensor> g, std::span<Te
   const NormAttrs& attrs = c.attrs<NormAttrs>();
   const Tensor backward_inputs[] = {x, c.inputs[1], mean, c.outputs[2], g[0]};
   std::vector<Tensor> r = dispatch_all(batch_norm_backward_op, backward_inputs, &attrs);
-  const Shape bshape = channel_broadcast_shape(x.shape());
-  const double inv_count = 1.0 / static_cast<double>(channel_view(x.shape()).count());
-  grads[0] = r[0] + reshape(g[1], bshape) * inv_count + reshape(g[2], bshape) * (x - reshape(mean, bshape)) * (2.0 * inv_count);
+  grads[0] = r[0];
+  if (!known_zeros(g[1]) || !known_zeros(g[2])) {
+    // g_mean / M + 2 g_var (x - mean) / M = beta_c * x + alpha_c per channel: two [C] vectors, then
+    // one broadcast multiply-add over x.
+    const Shape bshape = channel_broadcast_shape(x.shape());
+    const double inv_count = 1.0 / static_cast<double>(channel_view(x.shape()).count());
+    const Tensor slope = g[2] * (2.0 * inv_count);
+    const Tensor offset = g[1] * inv_count - slope * mean;
+    grads[0] = grads[0] + (x * reshape(slope, bshape) + reshape(offset, bshape));
+  }
   grads[1] = r[1];
   grads[2] = r[2];
 }
@@ -553,8 +590,13 @@ void ln_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> gra
   const RowView view = row_view("layer_norm", x.shape(), attrs.normalized_dims);
   const Shape ks = row_broadcast_shape(view, x.rank());
   const double inv_d = 1.0 / static_cast<double>(view.d);
-  const Tensor rb = reshape(rstd, ks);
-  grads[0] = r[0] + reshape(g[1], ks) * inv_d - reshape(g[2], ks) * rb * rb * rb * (x - reshape(mean, ks)) * inv_d;
+  grads[0] = r[0];
+  if (!known_zeros(g[1]) || !known_zeros(g[2])) {
+    // Per row: slope * x + offset with slope = -g_rstd rstd^3 / D, offset = g_mean / D - slope * mean.
+    const Tensor slope = -g[2] * rstd * rstd * rstd * inv_d;
+    const Tensor offset = g[1] * inv_d - slope * mean;
+    grads[0] = grads[0] + (x * reshape(slope, ks) + reshape(offset, ks));
+  }
   grads[1] = r[1];
   grads[2] = r[2];
 }
