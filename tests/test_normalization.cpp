@@ -480,3 +480,16 @@ TEST_CASE("layer_norm: gamma and beta gradients over many rows (row blocks) matc
     test::check_tensor(g[1], dbeta, fl::Shape{d}, fl::f64, test::Tolerance{1e-10, 1e-10});
   }
 }
+
+TEST_CASE("dropout: a tensor split across threads draws the documented mask at every chunk boundary") {
+  // 100003 elements: several parallel chunks whose edges fall inside Philox blocks and lane groups.
+  const int64_t n = 100003;
+  fl::Generator gen(99);
+  gen.state().assign(fl::tensor({int64_t{99}, int64_t{5}}));
+  const std::vector<double> y = test::values(fl::dropout(fl::ones({n}, fl::f64), 0.5, gen));
+  const std::vector<bool> keep = dropout_mask_reference(99, 5, n, 0.5);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += (y[static_cast<size_t>(i)] == 2.0) != keep[static_cast<size_t>(i)];
+  CHECK(wrong == 0);
+  CHECK(state_of(gen) == std::vector<int64_t>{99, 5 + n});
+}
