@@ -15,6 +15,7 @@
 // their own, written with public ops, so gradients of gradients work too.
 #include "flowlet/ops/normalization.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -138,6 +139,28 @@ inline double load(const T* p, int64_t i) {
   return convert<double>(p[i]);
 }
 
+// f64 sums in kLanes independent lanes (element i adds into lane i % kLanes): a single running sum
+// is a chain of dependent adds the compiler may not reorder, while the lanes vectorize. total()
+// adds the lanes in a fixed order, so results do not depend on threads.
+constexpr int kLanes = 8;
+struct LaneSum {
+  double lane[kLanes] = {};
+  double total() const {
+    double t = 0;
+    for (double v : lane) t += v;
+    return t;
+  }
+};
+
+// Calls f(i, i % kLanes) for i in [0, n), kLanes at a time.
+template <class F>
+inline void for_lanes(int64_t n, F&& f) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) f(i + j, j);
+  for (int j = 0; i < n; ++i, ++j) f(i, j);
+}
+
 // Channels per parallel chunk: enough values to pay for a thread.
 int64_t channel_grain(int64_t values_per_channel) {
   return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(values_per_channel, 1));
@@ -176,21 +199,21 @@ void bn_training_kernel(const OpCall& call, std::span<Tensor> out) {
     const double count = static_cast<double>(v.count());
     parallel_for(v.c, channel_grain(v.count()), [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
-        double total = 0;
+        LaneSum total;
         for (int64_t n = 0; n < v.n; ++n) {
           const T* row = xs + (n * v.c + c) * v.s;
-          for (int64_t s = 0; s < v.s; ++s) total += load(row, s);
+          for_lanes(v.s, [&](int64_t s, int j) { total.lane[j] += load(row, s); });
         }
-        const double mean = total / count;
-        double squares = 0;
+        const double mean = total.total() / count;
+        LaneSum squares;
         for (int64_t n = 0; n < v.n; ++n) {
           const T* row = xs + (n * v.c + c) * v.s;
-          for (int64_t s = 0; s < v.s; ++s) {
+          for_lanes(v.s, [&](int64_t s, int j) {
             const double d = load(row, s) - mean;
-            squares += d * d;
-          }
+            squares.lane[j] += d * d;
+          });
         }
-        const double var = squares / count;
+        const double var = squares.total() / count;
         const double scale = load(g, c) / std::sqrt(var + eps);
         const C scale_c = static_cast<C>(scale), shift_c = static_cast<C>(load(b, c) - mean * scale);
         for (int64_t n = 0; n < v.n; ++n) {
@@ -248,15 +271,17 @@ void bn_backward_kernel(const OpCall& call, std::span<Tensor> out) {
       for (int64_t c = begin; c < end; ++c) {
         const double mu = load(m, c);
         const double rstd = 1.0 / std::sqrt(load(vr, c) + eps);
-        double sum_dy = 0, sum_dy_xc = 0;
+        LaneSum lanes_dy, lanes_dy_xc;
         for (int64_t n = 0; n < v.n; ++n) {
-          const int64_t at = (n * v.c + c) * v.s;
-          for (int64_t s = 0; s < v.s; ++s) {
-            const double d = load(dys, at + s);
-            sum_dy += d;
-            sum_dy_xc += d * (load(xs, at + s) - mu);
-          }
+          const T* dy_row = dys + (n * v.c + c) * v.s;
+          const T* x_row = xs + (n * v.c + c) * v.s;
+          for_lanes(v.s, [&](int64_t s, int j) {
+            const double d = load(dy_row, s);
+            lanes_dy.lane[j] += d;
+            lanes_dy_xc.lane[j] += d * (load(x_row, s) - mu);
+          });
         }
+        const double sum_dy = lanes_dy.total(), sum_dy_xc = lanes_dy_xc.total();
         const double dg = sum_dy_xc * rstd;
         const double a = load(g, c) * rstd;
         // dx = a * dy + bx * x + k: the formula above with xh expanded.
@@ -347,15 +372,15 @@ void ln_kernel(const OpCall& call, std::span<Tensor> out) {
     parallel_for(view.rows, channel_grain(d), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* row = xs + r * d;
-        double total = 0;
-        for (int64_t j = 0; j < d; ++j) total += load(row, j);
-        const double mean = total / static_cast<double>(d);
-        double squares = 0;
-        for (int64_t j = 0; j < d; ++j) {
+        LaneSum total;
+        for_lanes(d, [&](int64_t j, int lane) { total.lane[lane] += load(row, j); });
+        const double mean = total.total() / static_cast<double>(d);
+        LaneSum squares;
+        for_lanes(d, [&](int64_t j, int lane) {
           const double dev = load(row, j) - mean;
-          squares += dev * dev;
-        }
-        const double rstd = 1.0 / std::sqrt(squares / static_cast<double>(d) + attrs.eps);
+          squares.lane[lane] += dev * dev;
+        });
+        const double rstd = 1.0 / std::sqrt(squares.total() / static_cast<double>(d) + attrs.eps);
         const C mean_c = static_cast<C>(mean), rstd_c = static_cast<C>(rstd);
         for (int64_t j = 0; j < d; ++j) {
           y[r * d + j] = convert<T>(static_cast<C>((convert<C>(row[j]) - mean_c) * rstd_c * convert<C>(g[j]) + convert<C>(b[j])));
@@ -400,6 +425,7 @@ void ln_backward_kernel(const OpCall& call, std::span<Tensor> out) {
                rstd = call.inputs[3].contiguous(), dy = call.inputs[4].contiguous();
   const RowView view = row_view(call.op.name, x.shape(), call.attrs<NormAttrs>().normalized_dims);
   visit_dtype<kFloating>(x.dtype(), [&]<class T>(TypeTag<T>) {
+    using C = compute_t<T>;
     const T* xs = static_cast<const T*>(x.raw_data());
     const T* g = static_cast<const T*>(gamma.raw_data());
     const T* m = static_cast<const T*>(mean.raw_data());
@@ -409,40 +435,34 @@ void ln_backward_kernel(const OpCall& call, std::span<Tensor> out) {
     T* dgamma = static_cast<T*>(out[1].raw_data());
     T* dbeta = static_cast<T*>(out[2].raw_data());
     const int64_t d = view.d, rows = view.rows;
-    parallel_for(rows, channel_grain(d), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const double mu = load(m, r), rstd_r = load(rs, r);
-        const int64_t at = r * d;
-        double sum_u = 0, sum_u_xh = 0;
-        for (int64_t j = 0; j < d; ++j) {
-          const double u = load(dys, at + j) * load(g, j);
-          sum_u += u;
-          sum_u_xh += u * (load(xs, at + j) - mu) * rstd_r;
-        }
-        const double mean_u = sum_u / static_cast<double>(d), mean_u_xh = sum_u_xh / static_cast<double>(d);
-        for (int64_t j = 0; j < d; ++j) {
-          const double u = load(dys, at + j) * load(g, j);
-          const double xh = (load(xs, at + j) - mu) * rstd_r;
-          dx[at + j] = convert<T>(rstd_r * (u - mean_u - xh * mean_u_xh));
-        }
-      }
-    });
-    // dgamma and dbeta sum over rows: each of a fixed number of row blocks accumulates its own
-    // partial sums (reading rows contiguously), then the blocks' sums are added in block order, so
-    // the result does not depend on the thread count.
-    constexpr int64_t kRowBlocks = 8;
-    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(rows, kRowBlocks));
+    // Row blocks, a count fixed by the shape (never by the thread count): each block writes dx for
+    // its rows and accumulates its own partial dgamma and dbeta (in f64) in the same sweep; the
+    // blocks' partial sums are then added in block order.
+    const int64_t blocks = std::clamp<int64_t>(std::min<int64_t>(64, (int64_t{1} << 22) / (2 * d)), 1, std::max<int64_t>(rows, 1));
     std::vector<double> partial(static_cast<size_t>(blocks * 2 * d), 0.0);
-    parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) {
-        double* sum_dy = partial.data() + b * 2 * d;
+    parallel_for(blocks, 1, [&](int64_t first_block, int64_t last_block) {
+      for (int64_t block = first_block; block < last_block; ++block) {
+        double* sum_dy = partial.data() + block * 2 * d;
         double* sum_dy_xh = sum_dy + d;
-        for (int64_t r = rows * b / blocks; r < rows * (b + 1) / blocks; ++r) {
+        for (int64_t r = rows * block / blocks; r < rows * (block + 1) / blocks; ++r) {
           const double mu = load(m, r), rstd_r = load(rs, r);
+          const int64_t at = r * d;
+          LaneSum lanes_u, lanes_u_xc;
+          for_lanes(d, [&](int64_t j, int lane) {
+            const double u = load(dys, at + j) * load(g, j);
+            lanes_u.lane[lane] += u;
+            lanes_u_xc.lane[lane] += u * (load(xs, at + j) - mu);
+          });
+          const double mean_u = lanes_u.total() / static_cast<double>(d);
+          const double mean_u_xh = lanes_u_xc.total() * rstd_r / static_cast<double>(d);
+          // dx = rstd (u - mean_u - xh mean_u_xh) = a u + bx x + k, with xh expanded.
+          const double bx = -rstd_r * rstd_r * mean_u_xh;
+          const C a_c = static_cast<C>(rstd_r), bx_c = static_cast<C>(bx), k_c = static_cast<C>(-rstd_r * mean_u - bx * mu);
           for (int64_t j = 0; j < d; ++j) {
-            const double dyv = load(dys, r * d + j);
-            sum_dy[j] += dyv;
-            sum_dy_xh[j] += dyv * (load(xs, r * d + j) - mu) * rstd_r;
+            const C dyv = convert<C>(dys[at + j]), xv = convert<C>(xs[at + j]);
+            dx[at + j] = convert<T>(static_cast<C>(a_c * dyv * convert<C>(g[j]) + bx_c * xv + k_c));
+            sum_dy[j] += static_cast<double>(dyv);
+            sum_dy_xh[j] += static_cast<double>(dyv) * (static_cast<double>(xv) - mu) * rstd_r;
           }
         }
       }
