@@ -1,9 +1,15 @@
 // Batch norm (training: forward, and forward + backward), layer norm (forward + backward) and
 // dropout on CNN-sized f32 tensors: flowlet's kernels against libtorch's (at::native_batch_norm and
 // its backward, at::native_layer_norm and its backward, at::dropout), both on every hardware thread,
-// measured in one run. flowlet's backward goes through a GradientTape, as a training step does
-// (the statistics outputs' zero gradients included); libtorch's calls its backward kernels directly.
+// measured in one run. Forward + backward twice for flowlet: the forward op then its backward op
+// (batch_norm_backward, layer_norm_backward), like for like with libtorch's kernels; and through a
+// GradientTape of sum(y * dy), as a training step runs it (its extra passes: the product, the sum's
+// gradient, the statistics outputs' zero gradients), for information.
+// With FLOWLET_NUM_THREADS=1 libtorch gets one thread too: on a busy machine one thread each is the
+// steadier comparison.
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include <flowlet/flowlet.hpp>
@@ -15,6 +21,20 @@ namespace fl = flowlet;
 namespace bench = flowlet_bench;
 
 namespace {
+
+// The attribute struct of the normalization ops (src/ops/conv_attrs.hpp NormAttrs: eps, normalized_dims).
+struct NormAttrs {
+  double eps = 1e-5;
+  int64_t normalized_dims = 1;
+};
+
+// Forward op, then its backward op with the forward's statistics: dx, dgamma, dbeta.
+std::vector<fl::Tensor> forward_backward(const char* forward, const char* backward, const fl::Tensor& x,
+                                         const fl::Tensor& gamma, const fl::Tensor& beta, const fl::Tensor& dy) {
+  static const NormAttrs attrs;
+  const std::vector<fl::Tensor> f = fl::dispatch_all(*fl::find_op(forward), std::vector<fl::Tensor>{x, gamma, beta}, &attrs);
+  return fl::dispatch_all(*fl::find_op(backward), std::vector<fl::Tensor>{x, gamma, f[1], f[2], dy}, &attrs);
+}
 
 #ifdef FLOWLET_BENCH_HAVE_TORCH
 at::Tensor as_torch(const fl::Tensor& t) {
@@ -46,6 +66,9 @@ void batch_norm_sections(const fl::Shape& shape) {
   }
   {
     bench::Section section(name + " forward + backward", bench::Metric::time(), "dx, dgamma, dbeta for a given dy");
+    bench::Result ops = section.run("flowlet ops", [&] {
+      bench::do_not_optimize(forward_backward("batch_norm_training", "batch_norm_backward", x, gamma, beta, dy));
+    });
     bench::Result ours = section.run("flowlet tape", [&] {
       fl::GradientTape tape;
       for (const fl::Tensor& t : {x, gamma, beta}) tape.watch(t);
@@ -63,6 +86,7 @@ void batch_norm_sections(const fl::Shape& shape) {
 #else
     bench::Result peer = section.skip("libtorch forward + backward");
 #endif
+    section.compare(ops, peer, std::nullopt);
     section.compare(ours, peer, std::nullopt);
   }
 }
@@ -72,6 +96,9 @@ void layer_norm_section(const fl::Shape& shape) {
   const int64_t d = shape[shape.size() - 1];
   const fl::Tensor gamma = fl::ones({d}), beta = fl::zeros({d});
   bench::Section section(fmt::format("layer_norm {} forward + backward", shape), bench::Metric::time());
+  bench::Result ops = section.run("flowlet ops", [&] {
+    bench::do_not_optimize(forward_backward("layer_norm", "layer_norm_backward", x, gamma, beta, dy));
+  });
   bench::Result ours = section.run("flowlet tape", [&] {
     fl::GradientTape tape;
     for (const fl::Tensor& t : {x, gamma, beta}) tape.watch(t);
@@ -88,6 +115,7 @@ void layer_norm_section(const fl::Shape& shape) {
 #else
   bench::Result peer = section.skip("libtorch forward + backward");
 #endif
+  section.compare(ops, peer, std::nullopt);
   section.compare(ours, peer, std::nullopt);
 }
 
@@ -118,6 +146,11 @@ void run_all() {
 }  // namespace
 
 int main() {
-  return bench::run_benchmark("bench_norm", "normalization and dropout (f32, CNN-sized)", /*torch_uses_all_threads=*/true,
-                              run_all);
+  const char* threads = std::getenv("FLOWLET_NUM_THREADS");
+  const bool one_thread = threads != nullptr && std::string(threads) == "1";
+#ifdef FLOWLET_BENCH_HAVE_TORCH
+  if (one_thread) at::set_num_threads(1);
+#endif
+  return bench::run_benchmark("bench_norm", "normalization and dropout (f32, CNN-sized)",
+                              /*torch_uses_all_threads=*/!one_thread, run_all);
 }
