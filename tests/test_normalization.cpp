@@ -493,3 +493,27 @@ TEST_CASE("dropout: a tensor split across threads draws the documented mask at e
   CHECK(wrong == 0);
   CHECK(state_of(gen) == std::vector<int64_t>{99, 5 + n});
 }
+
+TEST_CASE("batch_norm_training: a statistics gradient that is zero now but depends on a variable keeps its derivative") {
+  // loss = sum(y * u) + sum(mean * (w - w0)) at w = w0: the mean's incoming gradient w - w0 is
+  // zero, yet d/dw of sum(v * dloss/dx) is sum over the channel of v / M, not 0.
+  const fl::Tensor x = test::random_tensor({4, 2}, 130, fl::f64), u = test::random_tensor({4, 2}, 131, fl::f64);
+  const fl::Tensor v = test::random_tensor({4, 2}, 132, fl::f64), w0 = test::random_tensor({2}, 133, fl::f64);
+  const fl::Tensor gamma = fl::ones({2}, fl::f64), beta = fl::zeros({2}, fl::f64);
+  auto h = [&](const fl::Tensor& w) {
+    fl::GradientTape inner;
+    inner.watch(x);
+    const fl::BatchNormOutput o = fl::batch_norm_training(x, gamma, beta);
+    const fl::Tensor loss = fl::sum(o.y * u) + fl::sum(o.mean * (w - w0));
+    return fl::sum(v * inner.gradient(loss, {x})[0]);
+  };
+  const fl::Tensor w = fl::cast(w0, fl::f64) + 0.0;  // equal values, its own tensor
+  fl::GradientTape outer;
+  outer.watch(w);
+  const fl::Tensor g = outer.gradient(h(w), {w})[0];
+  const std::vector<double> vv = test::values(v);
+  const std::vector<double> want = {(vv[0] + vv[2] + vv[4] + vv[6]) / 4, (vv[1] + vv[3] + vv[5] + vv[7]) / 4};
+  test::check_tensor(g, want, fl::Shape{2}, fl::f64, test::Tolerance{1e-12, 1e-12});
+  test::check_tensor(g, numeric_gradient(w, [&](const fl::Tensor& wm) { return scalar_value(h(wm)); }), fl::Shape{2},
+                     fl::f64, test::Tolerance{1e-6, 1e-8});
+}

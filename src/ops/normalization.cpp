@@ -499,11 +499,13 @@ Op layer_norm_op{"layer_norm", 3, 3, kNoFlags, &ln_infer, {&ln_kernel, nullptr},
 Op layer_norm_backward_op{"layer_norm_backward", 5, 5, kNoFlags, &ln_backward_infer, {&ln_backward_kernel, nullptr},
                           &ln_backward_grad, &copy_attributes<NormAttrs>, &describe_attributes<NormAttrs>};
 
-// True when `g` is an eager CPU tensor of zeros: the gradient a tape gives an output nobody used.
-// Rules then skip that output's terms (full passes over x). Traced and other devices' gradients
-// are not read (unknown now, or a copy to the host): their terms are always added.
-bool known_zeros(const Tensor& g) {
-  if (g.is_symbolic() || g.device().kind() != DeviceKind::cpu) return false;
+// True when `g` is the tape's gradient of an output nobody used: the zeros it makes for the rule
+// (held only by the tape's argument list: a use count of 1) on the CPU. Rules then skip that
+// output's terms (full passes over x). A gradient that was computed, even one that is zero now, is
+// held elsewhere too (the tape's map, an outer tape that tracks it): its terms are always added, so
+// higher-order gradients through it stay right. Traced and other devices' gradients are not read.
+bool unused_output_gradient(const Tensor& g) {
+  if (g.is_symbolic() || g.device().kind() != DeviceKind::cpu || g.impl_ptr()->use_count() != 1) return false;
   const Tensor packed = g.contiguous();
   return visit_dtype<kFloating>(packed.dtype(), [&]<class T>(TypeTag<T>) {
     const T* p = static_cast<const T*>(packed.raw_data());
@@ -523,7 +525,7 @@ void bn_training_grad(const GradCall& c, std::span<const Tensor> g, std::span<Te
   const Tensor backward_inputs[] = {x, c.inputs[1], mean, c.outputs[2], g[0]};
   std::vector<Tensor> r = dispatch_all(batch_norm_backward_op, backward_inputs, &attrs);
   grads[0] = r[0];
-  if (!known_zeros(g[1]) || !known_zeros(g[2])) {
+  if (!unused_output_gradient(g[1]) || !unused_output_gradient(g[2])) {
     // g_mean / M + 2 g_var (x - mean) / M = beta_c * x + alpha_c per channel: two [C] vectors, then
     // one broadcast multiply-add over x.
     const Shape bshape = channel_broadcast_shape(x.shape());
@@ -611,7 +613,7 @@ void ln_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> gra
   const Shape ks = row_broadcast_shape(view, x.rank());
   const double inv_d = 1.0 / static_cast<double>(view.d);
   grads[0] = r[0];
-  if (!known_zeros(g[1]) || !known_zeros(g[2])) {
+  if (!unused_output_gradient(g[1]) || !unused_output_gradient(g[2])) {
     // Per row: slope * x + offset with slope = -g_rstd rstd^3 / D, offset = g_mean / D - slope * mean.
     const Tensor slope = -g[2] * rstd * rstd * rstd * inv_d;
     const Tensor offset = g[1] * inv_d - slope * mean;
