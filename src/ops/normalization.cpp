@@ -1,6 +1,6 @@
 // Normalization ops (src/ops/conv_attrs.hpp lists them): batch_norm_training, batch_norm_backward,
-// batch_norm_inference, layer_norm and layer_norm_backward; their CPU kernels, gradient rules and
-// the public functions of flowlet/ops/normalization.hpp.
+// batch_norm_inference, layer_norm and layer_norm_backward; their shape rules, CPU kernels, Op
+// values and the public functions of flowlet/ops/normalization.hpp.
 //
 // Batch norm sees x as [N, C, S] (S: the product of the axes after 1) and works per channel, in
 // parallel over channels; layer norm sees x as [rows, D] (D: the product of the last
@@ -8,11 +8,7 @@
 // the sum of squared deviations), so a large mean does not cancel the variance; f16/bf16 values
 // are read as float. layer_norm's mean and rstd outputs have x's leading (unnormalized) axes.
 //
-// Gradients. batch_norm_training's rule calls batch_norm_backward for y's gradient and adds the
-// terms of the mean and var outputs' gradients (zeros unless a caller uses the statistics, or a
-// second-order gradient flows into them), so the gradient is right whichever outputs are used.
-// layer_norm's rule does the same for its mean and rstd outputs. The backward ops have rules of
-// their own, written with public ops, so gradients of gradients work too.
+// The gradient rules are in normalization_grads.cpp.
 #include "flowlet/ops/normalization.hpp"
 
 #include <algorithm>
@@ -22,10 +18,8 @@
 #include "core/check.hpp"
 #include "core/dtype_visit.hpp"
 #include "flowlet/dispatch.hpp"
-#include "flowlet/ops/elementwise.hpp"
-#include "flowlet/ops/reduce.hpp"
-#include "flowlet/ops/shape.hpp"
 #include "ops/conv_attrs.hpp"
+#include "ops/normalization_internal.hpp"
 #include "ops/registry.hpp"
 #include "runtime/thread_pool.hpp"
 
@@ -34,34 +28,7 @@ namespace detail {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Shapes
-
-// x [N, C, ...] seen as [N, C, S].
-struct ChannelView {
-  int64_t n = 0, c = 0, s = 1;
-  int64_t count() const { return n * s; }  // values per channel
-};
-
-ChannelView channel_view(const Shape& shape) {
-  ChannelView v{shape[0], shape[1], 1};
-  for (size_t d = 2; d < shape.size(); ++d) v.s *= shape[d];
-  return v;
-}
-
-// [1, C, 1, ...] with x's rank: a per-channel [C] tensor reshaped so it broadcasts against x.
-Shape channel_broadcast_shape(const Shape& x) {
-  Shape shape;
-  for (size_t d = 0; d < x.size(); ++d) shape.push_back(d == 1 ? x[1] : 1);
-  return shape;
-}
-
-// Every axis but the channel axis 1.
-std::vector<int64_t> non_channel_axes(size_t rank) {
-  std::vector<int64_t> axes;
-  for (size_t d = 0; d < rank; ++d)
-    if (d != 1) axes.push_back(static_cast<int64_t>(d));
-  return axes;
-}
+// Argument checks (the views of x: normalization_internal.hpp)
 
 void check_floating(std::string_view op, std::string_view what, DType dt) {
   if ((kFloating & bit(dt)) == 0) {
@@ -89,30 +56,6 @@ void check_batch_norm_inputs(std::string_view op, const Tensor& x, std::span<con
   if (!(attrs.eps >= 0) || !std::isfinite(attrs.eps)) fail<InvalidArgument>("{}: eps must be finite and >= 0; got {}", op, attrs.eps);
 }
 
-// x [..., normalized axes]; the trailing axes, their product D and the leading axes.
-struct RowView {
-  Shape lead, trailing;
-  int64_t rows = 1, d = 1;
-};
-
-RowView row_view(std::string_view op, const Shape& x, int64_t normalized_dims) {
-  if (normalized_dims < 1 || normalized_dims > static_cast<int64_t>(x.size())) {
-    fail<InvalidArgument>("{}: normalized_dims must be in [1, rank of x = {}]; got {} for x {}", op, x.size(),
-                          normalized_dims, x);
-  }
-  RowView v;
-  const size_t split = x.size() - static_cast<size_t>(normalized_dims);
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (i < split) {
-      v.lead.push_back(x[i]);
-      v.rows *= x[i];
-    } else {
-      v.trailing.push_back(x[i]);
-      v.d *= x[i];
-    }
-  }
-  return v;
-}
 
 void check_layer_norm_inputs(std::string_view op, const Tensor& x, const Tensor& gamma, const Tensor* beta,
                              const NormAttrs& attrs, RowView& view) {
@@ -134,10 +77,6 @@ void check_layer_norm_inputs(std::string_view op, const Tensor& x, const Tensor&
   if (!(attrs.eps >= 0) || !std::isfinite(attrs.eps)) fail<InvalidArgument>("{}: eps must be finite and >= 0; got {}", op, attrs.eps);
 }
 
-template <class T>
-inline double load(const T* p, int64_t i) {
-  return convert<double>(p[i]);
-}
 
 // f64 sums in kLanes independent lanes (element i adds into lane i % kLanes): a single running sum
 // is a chain of dependent adds the compiler may not reorder, while the lanes vectorize. total()
@@ -479,186 +418,25 @@ void ln_backward_kernel(const OpCall& call, std::span<Tensor> out) {
   });
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
-// Gradient rules (public ops only)
+// The ops (their rules: normalization_grads.cpp)
 
-void bn_training_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> grads);
-void bn_backward_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> grads);
-void bn_inference_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> grads);
-void ln_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> grads);
-void ln_backward_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> grads);
-
+namespace {
 Op batch_norm_training_op{"batch_norm_training", 3, 3, kNoFlags, &bn_training_infer, {&bn_training_kernel, nullptr},
                           &bn_training_grad, &copy_attributes<NormAttrs>, &describe_attributes<NormAttrs>};
-Op batch_norm_backward_op{"batch_norm_backward", 5, 5, kNoFlags, &bn_backward_infer, {&bn_backward_kernel, nullptr},
-                          &bn_backward_grad, &copy_attributes<NormAttrs>, &describe_attributes<NormAttrs>};
 Op batch_norm_inference_op{"batch_norm_inference", 5, 5, kNoFlags, &bn_inference_infer, {&bn_inference_kernel, nullptr},
                            &bn_inference_grad, &copy_attributes<NormAttrs>, &describe_attributes<NormAttrs>};
 Op layer_norm_op{"layer_norm", 3, 3, kNoFlags, &ln_infer, {&ln_kernel, nullptr}, &ln_grad, &copy_attributes<NormAttrs>,
                  &describe_attributes<NormAttrs>};
+}  // namespace
+
+// Named by the forward ops' rules (normalization_grads.cpp).
+Op batch_norm_backward_op{"batch_norm_backward", 5, 5, kNoFlags, &bn_backward_infer, {&bn_backward_kernel, nullptr},
+                          &bn_backward_grad, &copy_attributes<NormAttrs>, &describe_attributes<NormAttrs>};
 Op layer_norm_backward_op{"layer_norm_backward", 5, 5, kNoFlags, &ln_backward_infer, {&ln_backward_kernel, nullptr},
                           &ln_backward_grad, &copy_attributes<NormAttrs>, &describe_attributes<NormAttrs>};
-
-// True when `g` is the tape's gradient of an output nobody used: the zeros it makes for the rule
-// (held only by the tape's argument list: a use count of 1) on the CPU. Rules then skip that
-// output's terms (full passes over x). A gradient that was computed, even one that is zero now, is
-// held elsewhere too (the tape's map, an outer tape that tracks it): its terms are always added, so
-// higher-order gradients through it stay right. Traced and other devices' gradients are not read.
-bool unused_output_gradient(const Tensor& g) {
-  if (g.is_symbolic() || g.device().kind() != DeviceKind::cpu || g.impl_ptr()->use_count() != 1) return false;
-  const Tensor packed = g.contiguous();
-  return visit_dtype<kFloating>(packed.dtype(), [&]<class T>(TypeTag<T>) {
-    const T* p = static_cast<const T*>(packed.raw_data());
-    for (int64_t i = 0; i < packed.numel(); ++i)
-      if (load(p, i) != 0.0) return false;
-    return true;
-  });
-}
-
-// y, mean, var = batch_norm_training(x, gamma, beta). y's gradient goes through
-// batch_norm_backward; mean = sum(x) / M and var = sum((x - mean)^2) / M add
-// g_mean / M + g_var * 2 (x - mean) / M to dx.
-void bn_training_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> grads) {
-  const Tensor& x = c.inputs[0];
-  const Tensor& mean = c.outputs[1];
-  const NormAttrs& attrs = c.attrs<NormAttrs>();
-  const Tensor backward_inputs[] = {x, c.inputs[1], mean, c.outputs[2], g[0]};
-  std::vector<Tensor> r = dispatch_all(batch_norm_backward_op, backward_inputs, &attrs);
-  grads[0] = r[0];
-  if (!unused_output_gradient(g[1]) || !unused_output_gradient(g[2])) {
-    // g_mean / M + 2 g_var (x - mean) / M = beta_c * x + alpha_c per channel: two [C] vectors, then
-    // one broadcast multiply-add over x.
-    const Shape bshape = channel_broadcast_shape(x.shape());
-    const double inv_count = 1.0 / static_cast<double>(channel_view(x.shape()).count());
-    const Tensor slope = g[2] * (2.0 * inv_count);
-    const Tensor offset = g[1] * inv_count - slope * mean;
-    grads[0] = grads[0] + (x * reshape(slope, bshape) + reshape(offset, bshape));
-  }
-  grads[1] = r[1];
-  grads[2] = r[2];
-}
-
-// The gradients of batch_norm_backward's outputs (dx, dgamma, dbeta) with respect to all of its
-// inputs, from its formula; A, Bg and Bb are the incoming gradients of dx, dgamma and dbeta:
-//   a = gamma * r, r = (var + eps)^-1/2, S1 = sum(dy), S2 = sum(dy * xh), SA = sum(A), SAxh = sum(A * xh)
-//   d/ddy    = a * (A - SA / M - xh * SAxh / M) + Bg * xh + Bb
-//   d/dxh    = dy * (Bg - a * SAxh / M) - A * a * S2 / M         (xh = (x - mean) * r)
-//   d/da     = sum(A * dy) - S1 * SA / M - S2 * SAxh / M
-//   dx = d/dxh * r, dmean = -r * sum(d/dxh), dgamma = d/da * r,
-//   dr = sum(d/dxh * (x - mean)) + d/da * gamma, dvar = -r^3 / 2 * dr.
-void bn_backward_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> grads) {
-  const Tensor &x = c.inputs[0], &gamma = c.inputs[1], &mean = c.inputs[2], &var = c.inputs[3], &dy = c.inputs[4];
-  const Tensor &A = g[0], &Bg = g[1], &Bb = g[2];
-  const double eps = c.attrs<NormAttrs>().eps;
-  const Shape bs = channel_broadcast_shape(x.shape());
-  const std::vector<int64_t> axes = non_channel_axes(x.rank());
-  const double inv_m = 1.0 / static_cast<double>(channel_view(x.shape()).count());
-  const Tensor r = 1.0 / sqrt(var + eps);
-  const Tensor rb = reshape(r, bs);
-  const Tensor xc = x - reshape(mean, bs);
-  const Tensor xh = xc * rb;
-  const Tensor a = gamma * r;
-  const Tensor S1 = sum(dy, axes), S2 = sum(dy * xh, axes);
-  const Tensor SA = sum(A, axes), SAxh = sum(A * xh, axes), SAdy = sum(A * dy, axes);
-  grads[4] = reshape(a, bs) * (A - reshape(SA * inv_m, bs) - xh * reshape(SAxh * inv_m, bs)) + reshape(Bg, bs) * xh +
-             reshape(Bb, bs);
-  const Tensor g_xh = dy * reshape(Bg - a * SAxh * inv_m, bs) - A * reshape(a * S2 * inv_m, bs);
-  const Tensor g_a = SAdy - S1 * SA * inv_m - S2 * SAxh * inv_m;
-  grads[0] = g_xh * rb;
-  grads[2] = -r * sum(g_xh, axes);
-  grads[1] = g_a * r;
-  const Tensor g_r = sum(g_xh * xc, axes) + g_a * gamma;
-  grads[3] = g_r * r * r * r * (-0.5);
-}
-
-// y = (x - mean) * r * gamma + beta with given mean and var, r = (var + eps)^-1/2.
-void bn_inference_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> grads) {
-  const Tensor &x = c.inputs[0], &gamma = c.inputs[1], &mean = c.inputs[3], &var = c.inputs[4];
-  const double eps = c.attrs<NormAttrs>().eps;
-  const Shape bs = channel_broadcast_shape(x.shape());
-  const std::vector<int64_t> axes = non_channel_axes(x.rank());
-  const Tensor r = 1.0 / sqrt(var + eps);
-  const Tensor xc = x - reshape(mean, bs);
-  const Tensor sum_g = sum(g[0], axes), sum_g_xc = sum(g[0] * xc, axes);
-  grads[0] = g[0] * reshape(gamma * r, bs);
-  grads[1] = sum_g_xc * r;
-  grads[2] = sum_g;
-  grads[3] = -sum_g * gamma * r;
-  grads[4] = sum_g_xc * gamma * r * r * r * (-0.5);
-}
-
-// [lead..., 1, ...]: a per-row tensor shaped to broadcast against x.
-Shape row_broadcast_shape(const RowView& view, size_t rank) {
-  Shape shape = view.lead;
-  while (shape.size() < rank) shape.push_back(1);
-  return shape;
-}
-
-std::vector<int64_t> trailing_axes(size_t lead, size_t rank) {
-  std::vector<int64_t> axes;
-  for (size_t d = lead; d < rank; ++d) axes.push_back(static_cast<int64_t>(d));
-  return axes;
-}
-
-// y, mean, rstd = layer_norm(x, gamma, beta). y's gradient goes through layer_norm_backward;
-// mean = sum(x) / D and rstd = (sum((x - mean)^2) / D + eps)^-1/2 add
-// g_mean / D - g_rstd * rstd^3 * (x - mean) / D to dx.
-void ln_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> grads) {
-  const Tensor& x = c.inputs[0];
-  const NormAttrs& attrs = c.attrs<NormAttrs>();
-  const Tensor &mean = c.outputs[1], &rstd = c.outputs[2];
-  const Tensor backward_inputs[] = {x, c.inputs[1], mean, rstd, g[0]};
-  std::vector<Tensor> r = dispatch_all(layer_norm_backward_op, backward_inputs, &attrs);
-  const RowView view = row_view("layer_norm", x.shape(), attrs.normalized_dims);
-  const Shape ks = row_broadcast_shape(view, x.rank());
-  const double inv_d = 1.0 / static_cast<double>(view.d);
-  grads[0] = r[0];
-  if (!unused_output_gradient(g[1]) || !unused_output_gradient(g[2])) {
-    // Per row: slope * x + offset with slope = -g_rstd rstd^3 / D, offset = g_mean / D - slope * mean.
-    const Tensor slope = -g[2] * rstd * rstd * rstd * inv_d;
-    const Tensor offset = g[1] * inv_d - slope * mean;
-    grads[0] = grads[0] + (x * reshape(slope, ks) + reshape(offset, ks));
-  }
-  grads[1] = r[1];
-  grads[2] = r[2];
-}
-
-// The gradients of layer_norm_backward's outputs with respect to all of its inputs (per row, D
-// values; A, Bg, Bb the incoming gradients of dx, dgamma, dbeta; u = dy * gamma):
-//   T1 = sum(u), T2 = sum(u * xh), SA = sum(A), SAxh = sum(A * xh), SAu = sum(A * u)
-//   d/du  = r * (A - SA / D - xh * SAxh / D)
-//   ddy   = d/du * gamma + Bg * xh + Bb;  dgamma = sum over rows of d/du * dy
-//   d/dxh = -r * (SAxh / D * u + T2 / D * A) + Bg * dy
-//   dr    = SAu - T1 * SA / D - T2 * SAxh / D + sum(d/dxh * (x - mean))
-//   dx = d/dxh * r, dmean = -r * sum(d/dxh).
-void ln_backward_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> grads) {
-  const Tensor &x = c.inputs[0], &gamma = c.inputs[1], &mean = c.inputs[2], &rstd = c.inputs[3], &dy = c.inputs[4];
-  const Tensor &A = g[0], &Bg = g[1], &Bb = g[2];
-  const RowView view = row_view("layer_norm_backward", x.shape(), c.attrs<NormAttrs>().normalized_dims);
-  const size_t rank = x.rank();
-  const Shape ks = row_broadcast_shape(view, rank);
-  const std::vector<int64_t> row_axes = trailing_axes(view.lead.size(), rank);
-  std::vector<int64_t> lead_axes;
-  for (size_t d = 0; d < view.lead.size(); ++d) lead_axes.push_back(static_cast<int64_t>(d));
-  const double inv_d = 1.0 / static_cast<double>(view.d);
-  auto row_sum = [&](const Tensor& t) { return sum(t, row_axes, /*keepdims=*/true); };
-  const Tensor rb = reshape(rstd, ks);
-  const Tensor xc = x - reshape(mean, ks);
-  const Tensor xh = xc * rb;
-  const Tensor u = dy * gamma;
-  const Tensor T1 = row_sum(u), T2 = row_sum(u * xh);
-  const Tensor SA = row_sum(A), SAxh = row_sum(A * xh), SAu = row_sum(A * u);
-  const Tensor g_u = rb * (A - SA * inv_d - xh * (SAxh * inv_d));
-  grads[4] = g_u * gamma + Bg * xh + Bb;
-  grads[1] = lead_axes.empty() ? g_u * dy : sum(g_u * dy, lead_axes);
-  const Tensor g_xh = -rb * (SAxh * inv_d * u + T2 * inv_d * A) + Bg * dy;
-  const Tensor g_r = SAu - T1 * SA * inv_d - T2 * SAxh * inv_d + row_sum(g_xh * xc);
-  grads[0] = g_xh * rb;
-  grads[2] = reshape(-rb * row_sum(g_xh), view.lead);
-  grads[3] = reshape(g_r, view.lead);
-}
-
-}  // namespace
 
 void add_normalization_ops(std::vector<Op*>& ops) {
   ops.insert(ops.end(), {&batch_norm_training_op, &batch_norm_backward_op, &batch_norm_inference_op, &layer_norm_op,
