@@ -152,6 +152,14 @@ TEST_CASE("Dropout: drops in training mode, passes x through in inference mode")
   drop.eval();
   CHECK(drop(x).impl_ptr() == x.impl_ptr());
   test::check_throws<fl::InvalidArgument>([] { fl::nn::Dropout(1.0); }, {"Dropout", "rate", "[0, 1)"});
+
+  // With its own generator: the generator's stream, the default one untouched.
+  fl::Generator mine(31), same(31);
+  fl::nn::Dropout own(0.5, mine);
+  const fl::Tensor default_state = fl::default_generator().state().value();
+  CHECK(test::values(own(x)) == test::values(fl::dropout(x, 0.5, same)));
+  CHECK(test::values(fl::default_generator().state().value()) == test::values(default_state));
+  CHECK(mine.state().value().to_vector<int64_t>() == std::vector<int64_t>{31, 1000});
 }
 
 TEST_CASE("Embedding: rows for indices of any rank, its gradient, errors") {

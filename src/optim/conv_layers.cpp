@@ -106,7 +106,12 @@ Dropout::Dropout(double rate_in) : rate(rate_in) {
   if (!(rate >= 0.0 && rate < 1.0)) detail::fail<InvalidArgument>("Dropout: rate must be in [0, 1); got {}", rate);
 }
 
-Tensor Dropout::forward(const Tensor& x) { return mode() == Mode::training ? dropout(x, rate) : x; }
+Dropout::Dropout(double rate_in, Generator generator_in) : Dropout(rate_in) { generator = std::move(generator_in); }
+
+Tensor Dropout::forward(const Tensor& x) {
+  if (mode() == Mode::inference) return x;
+  return generator ? dropout(x, rate, *generator) : dropout(x, rate);
+}
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, uint64_t seed, std::string name, DType dtype) {
   check_positive("Embedding", "num_embeddings", num_embeddings);
