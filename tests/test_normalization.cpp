@@ -145,6 +145,17 @@ TEST_CASE("batch_norm_training: f32 statistics of data with a large mean keep th
   const fl::BatchNormOutput got = fl::batch_norm_training(x, fl::ones({2}), fl::zeros({2}));
   test::check_tensor(got.var, want.var, fl::Shape{2}, fl::f32, test::Tolerance{1e-5, 0});
   test::check_tensor(got.y, want.y, x.shape(), fl::f32, test::Tolerance{1e-3, 1e-3});
+
+  // The one-pass statistics shift by a channel's first value: an outlier there (1e6 among N(0, 1)
+  // values) must not cost accuracy either.
+  std::vector<double> w = test::random_values(64 * 2, 22, fl::f64);
+  for (double& e : w) e = static_cast<double>(static_cast<float>(e));
+  w[0] = 1e6;  // channel 0's first value
+  const fl::Tensor xo = test::make(w, fl::Shape{64, 2}, fl::f32);
+  const BatchStats want_o = batch_norm_reference(xo, {1, 1}, {0, 0}, 1e-5);
+  const fl::BatchNormOutput got_o = fl::batch_norm_training(xo, fl::ones({2}), fl::zeros({2}));
+  test::check_tensor(got_o.var, want_o.var, fl::Shape{2}, fl::f32, test::Tolerance{1e-6, 0});
+  test::check_tensor(got_o.mean, want_o.mean, fl::Shape{2}, fl::f32, test::Tolerance{1e-6, 1e-6});
 }
 
 TEST_CASE("layer_norm: a hand-worked case and an f64 reference loop") {
