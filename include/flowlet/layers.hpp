@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "flowlet/core/tensor.hpp"
 #include "flowlet/ops/conv.hpp"
+#include "flowlet/random.hpp"
 #include "flowlet/variable.hpp"
 
 namespace flowlet {
@@ -112,9 +114,11 @@ class LayerNorm : public Module {
 class Dropout : public Module {
  public:
   explicit Dropout(double rate);
+  Dropout(double rate, Generator generator);  // draws from `generator` (a handle: copies share its stream)
   Tensor forward(const Tensor& x) override;
 
   double rate;
+  std::optional<Generator> generator;  // empty: default_generator()
 };
 
 // Rows of "<name>/weight" [num_embeddings, dim] (drawn from N(0, 1) with `seed`) for i32/i64

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "flowlet/core/device.hpp"
 #include "flowlet/core/tensor.hpp"
@@ -13,7 +14,8 @@
 namespace flowlet {
 
 // A Philox stream: (seed, offset) in a Variable of i64 [2] on each device that draws from it (made
-// on first use there). Every draw of n numbers reads the offset and advances it by n.
+// on first use there). Every draw of n numbers reads the offset and advances it by n. A Generator
+// is a handle: copies share one stream.
 class Generator {
  public:
   explicit Generator(uint64_t seed);
