@@ -39,18 +39,21 @@ void launch_bias_activation(void* y, const void* bias, ElementType type, int64_t
                             bool relu, const Launch& where);
 
 // Batch normalization over x [outer, channels, inner] (outer = N, inner = the spatial size). Every
-// tensor has x's element type; statistics accumulate in f64 for f64 and in f32 otherwise.
+// tensor has x's element type. Sums accumulate in f64 and the per-element arithmetic runs in x's
+// compute type with per-channel scale and shift, as the CPU kernels (src/ops/normalization.cpp) do.
 struct ChannelLayout {
   int64_t outer = 0, channels = 0, inner = 0;
 };
-// mean[c] and the biased var[c] of each channel (two passes: the mean, then squared deviations).
-void launch_batch_norm_stats(const void* x, void* mean, void* var, ElementType type, const ChannelLayout& l,
-                             const Launch& where);
-// y = (x - mean[c]) / sqrt(var[c] + eps) * gamma[c] + beta[c].
-void launch_batch_norm_apply(const void* x, const void* gamma, const void* beta, const void* mean, const void* var,
-                             void* y, ElementType type, const ChannelLayout& l, double eps, const Launch& where);
-// The training-mode gradient (through the batch statistics): dbeta = sum dy, dgamma = sum dy * xhat,
-// dx = gamma * rstd * (dy - dbeta / m - xhat * dgamma / m) with m = outer * inner.
+// One block per channel: mean[c], the biased var[c] (two passes), then
+// y = x * scale + shift with scale = gamma / sqrt(var + eps), shift = beta - mean * scale.
+void launch_batch_norm_training(const void* x, const void* gamma, const void* beta, void* y, void* mean, void* var,
+                                ElementType type, const ChannelLayout& l, double eps, const Launch& where);
+// y = x * scale + shift with the given statistics.
+void launch_batch_norm_inference(const void* x, const void* gamma, const void* beta, const void* mean,
+                                 const void* var, void* y, ElementType type, const ChannelLayout& l, double eps,
+                                 const Launch& where);
+// The training-mode gradient (through the batch statistics), one block per channel:
+// dbeta = sum dy, dgamma = sum dy * xhat, dx = gamma * rstd * (dy - dbeta / m - xhat * dgamma / m).
 void launch_batch_norm_backward(const void* x, const void* gamma, const void* mean, const void* var, const void* dy,
                                 void* dx, void* dgamma, void* dbeta, ElementType type, const ChannelLayout& l,
                                 double eps, const Launch& where);

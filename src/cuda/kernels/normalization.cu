@@ -1,1 +1,312 @@
-// Placeholder: filled by the CUDA part of issue 15.
+// Batch normalization, layer normalization and dropout kernels. They mirror the CPU kernels
+// (src/ops/normalization.cpp, src/ops/dropout.cpp) step for step: sums in f64, per-channel (or
+// per-row) scale and shift rounded to the compute type (float for f32/f16/bf16, double for f64),
+// then one multiply-add per element, so the GPU and the CPU differ only in the order of the f64 sums.
+//
+// Batch norm runs one block per channel (statistics, then the elementwise pass, in one launch);
+// layer norm one warp per row, and its dgamma/dbeta one thread per column summing over rows;
+// dropout one thread per Philox block (four stream indices, kernels/dropout_mask.hpp's mapping).
+#include "cuda/kernels/conv_launch.hpp"
+#include "cuda/kernels/device_types.cuh"
+#include "kernels/dropout_mask.hpp"
+
+namespace flowlet::detail::cuda {
+namespace {
+
+constexpr int kChannelBlock = 512;
+constexpr int kWarp = 32;
+constexpr int kRowBlock = 256;
+constexpr int kWarpsPerBlock = kRowBlock / kWarp;
+constexpr int kBlock = 256;
+constexpr DTypeSet kFloatTypes = bit(DType::f32) | bit(DType::f64) | bit(DType::f16) | bit(DType::bf16);
+
+template <class T>
+using C = compute_t<T>;
+
+template <class T>
+__device__ double load_f64(const T* p, int64_t i) {
+  return static_cast<double>(Element<T>::load(p + i));
+}
+
+__device__ double warp_sum(double v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The sums of a and b over the block, returned to every thread. `shared` holds 2 * warps doubles.
+__device__ void block_sum(double& a, double& b, double* shared) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
+  a = warp_sum(a);
+  b = warp_sum(b);
+  __syncthreads();  // the previous use of `shared` is over
+  if (lane == 0) shared[warp] = a, shared[warps + warp] = b;
+  __syncthreads();
+  a = 0, b = 0;
+  for (int i = 0; i < warps; ++i) a += shared[i], b += shared[warps + i];
+}
+
+// Element j of channel c: x[(n * channels + c) * inner + s] with n = j / inner, s = j % inner.
+__device__ inline int64_t channel_at(const ChannelLayout& l, int64_t c, int64_t j) {
+  return ((j / l.inner) * l.channels + c) * l.inner + j % l.inner;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kChannelBlock) batch_norm_training(const T* x, const T* gamma, const T* beta, T* y,
+                                                                     T* mean_out, T* var_out, ChannelLayout l,
+                                                                     double eps) {
+  __shared__ double shared[2 * kChannelBlock / kWarp];
+  const int64_t count = l.outer * l.inner;
+  for (int64_t c = blockIdx.x; c < l.channels; c += gridDim.x) {
+    double total = 0, unused = 0;
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) total += load_f64(x, channel_at(l, c, j));
+    block_sum(total, unused, shared);
+    const double mean = total / static_cast<double>(count);
+    double squares = 0;
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+      const double d = load_f64(x, channel_at(l, c, j)) - mean;
+      squares += d * d;
+    }
+    block_sum(squares, unused, shared);
+    const double var = squares / static_cast<double>(count);
+    const double scale = load_f64(gamma, c) / sqrt(var + eps);
+    const C<T> scale_c = static_cast<C<T>>(scale), shift_c = static_cast<C<T>>(load_f64(beta, c) - mean * scale);
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+      const int64_t at = channel_at(l, c, j);
+      Element<T>::store(y + at, static_cast<C<T>>(static_cast<C<T>>(Element<T>::load(x + at)) * scale_c + shift_c));
+    }
+    if (threadIdx.x == 0) {
+      Element<T>::store(mean_out + c, static_cast<C<T>>(mean));
+      Element<T>::store(var_out + c, static_cast<C<T>>(var));
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kBlock) batch_norm_inference(const T* x, const T* gamma, const T* beta,
+                                                               const T* mean, const T* var, T* y, ChannelLayout l,
+                                                               double eps) {
+  const int64_t total = l.outer * l.channels * l.inner;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * kBlock) {
+    const int64_t c = (i / l.inner) % l.channels;
+    const double scale = load_f64(gamma, c) / sqrt(load_f64(var, c) + eps);
+    const C<T> scale_c = static_cast<C<T>>(scale), shift_c = static_cast<C<T>>(load_f64(beta, c) - load_f64(mean, c) * scale);
+    Element<T>::store(y + i, static_cast<C<T>>(static_cast<C<T>>(Element<T>::load(x + i)) * scale_c + shift_c));
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kChannelBlock) batch_norm_backward(const T* x, const T* gamma, const T* mean,
+                                                                     const T* var, const T* dy, T* dx, T* dgamma,
+                                                                     T* dbeta, ChannelLayout l, double eps) {
+  __shared__ double shared[2 * kChannelBlock / kWarp];
+  const int64_t count = l.outer * l.inner;
+  for (int64_t c = blockIdx.x; c < l.channels; c += gridDim.x) {
+    const double mu = load_f64(mean, c);
+    const double rstd = 1.0 / sqrt(load_f64(var, c) + eps);
+    double sum_dy = 0, sum_dy_xc = 0;
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+      const int64_t at = channel_at(l, c, j);
+      const double d = load_f64(dy, at);
+      sum_dy += d;
+      sum_dy_xc += d * (load_f64(x, at) - mu);
+    }
+    block_sum(sum_dy, sum_dy_xc, shared);
+    const double dg = sum_dy_xc * rstd;
+    const double a = load_f64(gamma, c) * rstd;
+    const double bx = -a * dg * rstd / static_cast<double>(count);  // dx = a * dy + bx * x + k
+    const double k = -a * sum_dy / static_cast<double>(count) - bx * mu;
+    const C<T> a_c = static_cast<C<T>>(a), bx_c = static_cast<C<T>>(bx), k_c = static_cast<C<T>>(k);
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+      const int64_t at = channel_at(l, c, j);
+      Element<T>::store(dx + at, static_cast<C<T>>(a_c * static_cast<C<T>>(Element<T>::load(dy + at)) +
+                                                   bx_c * static_cast<C<T>>(Element<T>::load(x + at)) + k_c));
+    }
+    if (threadIdx.x == 0) {
+      Element<T>::store(dgamma + c, static_cast<C<T>>(dg));
+      Element<T>::store(dbeta + c, static_cast<C<T>>(sum_dy));
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kRowBlock) layer_norm(const T* x, const T* gamma, const T* beta, T* y, T* mean_out,
+                                                        T* rstd_out, int64_t rows, int64_t d, double eps) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
+    const T* row = x + r * d;
+    double total = 0;
+    for (int64_t j = lane; j < d; j += kWarp) total += load_f64(row, j);
+    const double mean = warp_sum(total) / static_cast<double>(d);
+    double squares = 0;
+    for (int64_t j = lane; j < d; j += kWarp) {
+      const double dev = load_f64(row, j) - mean;
+      squares += dev * dev;
+    }
+    const double rstd = 1.0 / sqrt(warp_sum(squares) / static_cast<double>(d) + eps);
+    const C<T> mean_c = static_cast<C<T>>(mean), rstd_c = static_cast<C<T>>(rstd);
+    for (int64_t j = lane; j < d; j += kWarp) {
+      const C<T> v = (static_cast<C<T>>(Element<T>::load(row + j)) - mean_c) * rstd_c *
+                         static_cast<C<T>>(Element<T>::load(gamma + j)) +
+                     static_cast<C<T>>(Element<T>::load(beta + j));
+      Element<T>::store(y + r * d + j, v);
+    }
+    if (lane == 0) {
+      Element<T>::store(mean_out + r, static_cast<C<T>>(mean));
+      Element<T>::store(rstd_out + r, static_cast<C<T>>(rstd));
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kRowBlock) layer_norm_backward_rows(const T* x, const T* gamma, const T* mean,
+                                                                      const T* rstd, const T* dy, T* dx, int64_t rows,
+                                                                      int64_t d) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
+    const double mu = load_f64(mean, r), rstd_r = load_f64(rstd, r);
+    const int64_t at = r * d;
+    double sum_u = 0, sum_u_xh = 0;
+    for (int64_t j = lane; j < d; j += kWarp) {
+      const double u = load_f64(dy, at + j) * load_f64(gamma, j);
+      sum_u += u;
+      sum_u_xh += u * (load_f64(x, at + j) - mu) * rstd_r;
+    }
+    const double mean_u = warp_sum(sum_u) / static_cast<double>(d);
+    const double mean_u_xh = warp_sum(sum_u_xh) / static_cast<double>(d);
+    for (int64_t j = lane; j < d; j += kWarp) {
+      const double u = load_f64(dy, at + j) * load_f64(gamma, j);
+      const double xh = (load_f64(x, at + j) - mu) * rstd_r;
+      Element<T>::store(dx + at + j, static_cast<C<T>>(rstd_r * (u - mean_u - xh * mean_u_xh)));
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kBlock) layer_norm_backward_columns(const T* x, const T* mean, const T* rstd,
+                                                                      const T* dy, T* dgamma, T* dbeta, int64_t rows,
+                                                                      int64_t d) {
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; j < d;
+       j += static_cast<int64_t>(gridDim.x) * kBlock) {
+    double sum_dy = 0, sum_dy_xh = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double dyv = load_f64(dy, r * d + j);
+      sum_dy += dyv;
+      sum_dy_xh += dyv * (load_f64(x, r * d + j) - load_f64(mean, r)) * load_f64(rstd, r);
+    }
+    Element<T>::store(dgamma + j, static_cast<C<T>>(sum_dy_xh));
+    Element<T>::store(dbeta + j, static_cast<C<T>>(sum_dy));
+  }
+}
+
+// Thread t handles Philox block first + t, i.e. stream indices 4 (first + t) ... + 3, each the
+// element (index - offset) when that lies in [0, n).
+template <class T>
+__global__ void __launch_bounds__(kBlock) dropout(const T* x, T* y, int64_t n, const int64_t* state, int64_t blocks,
+                                                  uint32_t threshold, C<T> scale) {
+  const auto seed = static_cast<uint64_t>(state[0]), offset = static_cast<uint64_t>(state[1]);
+  const uint64_t first = offset >> 2;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; t < blocks;
+       t += static_cast<int64_t>(gridDim.x) * kBlock) {
+    const uint64_t block_index = first + static_cast<uint64_t>(t);
+    const auto words = philox4x32(block_index, seed);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint64_t k = block_index * 4 + static_cast<uint64_t>(w);
+      if (k < offset || k - offset >= static_cast<uint64_t>(n)) continue;
+      const int64_t i = static_cast<int64_t>(k - offset);
+      Element<T>::store(y + i, words[w] >= threshold ? static_cast<C<T>>(static_cast<C<T>>(Element<T>::load(x + i)) * scale)
+                                                     : C<T>(0));
+    }
+  }
+}
+
+int channel_blocks(int64_t channels, const Launch& where) {
+  return static_cast<int>(channels < where.max_blocks ? channels : where.max_blocks);
+}
+
+}  // namespace
+
+void launch_batch_norm_training(const void* x, const void* gamma, const void* beta, void* y, void* mean, void* var,
+                                ElementType type, const ChannelLayout& l, double eps, const Launch& where) {
+  if (l.channels == 0 || l.outer * l.inner == 0) return;
+  visit_type<kFloatTypes>("batch_norm_training", type, [&]<class T>(TypeTag<T>) {
+    batch_norm_training<T><<<channel_blocks(l.channels, where), kChannelBlock, 0, where.stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(y),
+        static_cast<T*>(mean), static_cast<T*>(var), l, eps);
+    FLOWLET_CUDA_CHECK_LAUNCH(where.device, "batch_norm_training");
+  });
+}
+
+void launch_batch_norm_inference(const void* x, const void* gamma, const void* beta, const void* mean,
+                                 const void* var, void* y, ElementType type, const ChannelLayout& l, double eps,
+                                 const Launch& where) {
+  const int64_t total = l.outer * l.channels * l.inner;
+  if (total == 0) return;
+  visit_type<kFloatTypes>("batch_norm_inference", type, [&]<class T>(TypeTag<T>) {
+    batch_norm_inference<T><<<blocks_for(total, kBlock, where), kBlock, 0, where.stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta),
+        static_cast<const T*>(mean), static_cast<const T*>(var), static_cast<T*>(y), l, eps);
+    FLOWLET_CUDA_CHECK_LAUNCH(where.device, "batch_norm_inference");
+  });
+}
+
+void launch_batch_norm_backward(const void* x, const void* gamma, const void* mean, const void* var, const void* dy,
+                                void* dx, void* dgamma, void* dbeta, ElementType type, const ChannelLayout& l,
+                                double eps, const Launch& where) {
+  if (l.channels == 0 || l.outer * l.inner == 0) return;
+  visit_type<kFloatTypes>("batch_norm_backward", type, [&]<class T>(TypeTag<T>) {
+    batch_norm_backward<T><<<channel_blocks(l.channels, where), kChannelBlock, 0, where.stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(mean),
+        static_cast<const T*>(var), static_cast<const T*>(dy), static_cast<T*>(dx), static_cast<T*>(dgamma),
+        static_cast<T*>(dbeta), l, eps);
+    FLOWLET_CUDA_CHECK_LAUNCH(where.device, "batch_norm_backward");
+  });
+}
+
+void launch_layer_norm(const void* x, const void* gamma, const void* beta, void* y, void* mean, void* rstd,
+                       ElementType type, int64_t rows, int64_t cols, double eps, const Launch& where) {
+  if (rows == 0 || cols == 0) return;
+  visit_type<kFloatTypes>("layer_norm", type, [&]<class T>(TypeTag<T>) {
+    layer_norm<T><<<blocks_for(rows, kWarpsPerBlock, where), kRowBlock, 0, where.stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(y),
+        static_cast<T*>(mean), static_cast<T*>(rstd), rows, cols, eps);
+    FLOWLET_CUDA_CHECK_LAUNCH(where.device, "layer_norm");
+  });
+}
+
+void launch_layer_norm_backward(const void* x, const void* gamma, const void* mean, const void* rstd, const void* dy,
+                                void* dx, void* dgamma, void* dbeta, ElementType type, int64_t rows, int64_t cols,
+                                const Launch& where) {
+  if (cols == 0) return;
+  visit_type<kFloatTypes>("layer_norm_backward", type, [&]<class T>(TypeTag<T>) {
+    if (rows > 0) {
+      layer_norm_backward_rows<T><<<blocks_for(rows, kWarpsPerBlock, where), kRowBlock, 0, where.stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(mean),
+          static_cast<const T*>(rstd), static_cast<const T*>(dy), static_cast<T*>(dx), rows, cols);
+      FLOWLET_CUDA_CHECK_LAUNCH(where.device, "layer_norm_backward");
+    }
+    layer_norm_backward_columns<T><<<blocks_for(cols, kBlock, where), kBlock, 0, where.stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(mean), static_cast<const T*>(rstd), static_cast<const T*>(dy),
+        static_cast<T*>(dgamma), static_cast<T*>(dbeta), rows, cols);
+    FLOWLET_CUDA_CHECK_LAUNCH(where.device, "layer_norm_backward");
+  });
+}
+
+void launch_dropout(const void* x, void* y, ElementType type, int64_t n, const int64_t* state, double rate,
+                    const Launch& where) {
+  if (n == 0) return;
+  const int64_t blocks = n / 4 + 2;  // Philox blocks a run of n stream indices can touch, any alignment
+  visit_type<kFloatTypes>("dropout", type, [&]<class T>(TypeTag<T>) {
+    dropout<T><<<blocks_for(blocks, kBlock, where), kBlock, 0, where.stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), n, state, blocks, dropout_threshold(rate),
+        static_cast<C<T>>(dropout_scale(rate)));
+    FLOWLET_CUDA_CHECK_LAUNCH(where.device, "dropout");
+  });
+}
+
+}  // namespace flowlet::detail::cuda
