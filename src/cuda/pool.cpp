@@ -18,6 +18,7 @@ PoolGeometry geometry(const Pool2dAttrs& a, const Shape& x, const Shape& y) {
   g.in_h = x[2], g.in_w = x[3], g.out_h = y[2], g.out_w = y[3];
   g.kernel_h = a.kernel_h, g.kernel_w = a.kernel_w, g.stride_h = a.stride_h, g.stride_w = a.stride_w;
   g.pad_top = a.pad_top, g.pad_bottom = a.pad_bottom, g.pad_left = a.pad_left, g.pad_right = a.pad_right;
+  g.ceil_h = a.ceil_h, g.ceil_w = a.ceil_w;
   g.count_include_pad = a.count_include_pad;
   return g;
 }

@@ -20,26 +20,26 @@ __device__ inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 __device__ inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Window (oh, ow) covers padded-input rows [oh * stride - pad_top, + kernel); the rows inside the
-// input are [h0, h1).
+// input are [h0, h1). The op's rules (src/ops/pool.cpp) leave no window wholly in the padding.
 struct Window {
   int64_t h0, h1, w0, w1;  // clipped to the input
-  int64_t ph0, ph1, pw0, pw1;  // clipped to the padded input (count_include_pad)
+  int64_t divisor;         // avg_pool2d's
 };
+// The divisor, as the CPU's: with count_include_pad the window's positions up to the explicit
+// padding (the top and left padding count, ceil_mode's extra rows and columns do not), else the
+// input positions it covers.
 __device__ inline Window window_of(const PoolGeometry& g, int64_t oh, int64_t ow) {
   const int64_t hs = oh * g.stride_h - g.pad_top, ws = ow * g.stride_w - g.pad_left;
   const int64_t he = hs + g.kernel_h, we = ws + g.kernel_w;
-  return {max64(hs, 0), min64(he, g.in_h), max64(ws, 0), min64(we, g.in_w),
-          hs, min64(he, g.in_h + g.pad_bottom), ws, min64(we, g.in_w + g.pad_right)};
+  Window win{max64(hs, 0), min64(he, g.in_h), max64(ws, 0), min64(we, g.in_w), 0};
+  win.divisor = g.count_include_pad
+                    ? (min64(he, g.in_h + g.pad_bottom - g.ceil_h) - hs) * (min64(we, g.in_w + g.pad_right - g.ceil_w) - ws)
+                    : (win.h1 - win.h0) * (win.w1 - win.w0);
+  return win;
 }
 
-// avg_pool2d's divisor: the window's positions inside the padded input with count_include_pad,
-// else those inside the input. A window with nothing in it averages to 0.
-__device__ inline int64_t pool_divisor(const PoolGeometry& g, const Window& win) {
-  return g.count_include_pad ? (win.ph1 - win.ph0) * (win.pw1 - win.pw0) : (win.h1 - win.h0) * (win.w1 - win.w0);
-}
-
-// The position (h * in_w + w) of the window's first maximum in row-major order, or -1 for an empty
-// window. A NaN is the maximum (the first NaN wins), as on the CPU.
+// The position (h * in_w + w) of the window's first maximum in row-major order (-1 only for an
+// empty window, which the op's rules exclude). A NaN is the maximum (the first NaN wins), as on the CPU.
 template <class T>
 __device__ int64_t first_maximum(const T* plane, const PoolGeometry& g, const Window& win) {
   using A = typename Acc<T>::type;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kBlock) avg_pool(const T* x, T* y, PoolGeometr
     for (int64_t h = win.h0; h < win.h1; ++h) {
       for (int64_t w = win.w0; w < win.w1; ++w) sum += static_cast<A>(Element<T>::load(plane + h * g.in_w + w));
     }
-    const int64_t divisor = pool_divisor(g, win);
+    const int64_t divisor = win.divisor;
     Element<T>::store(y + i, divisor > 0 ? sum / static_cast<A>(divisor) : A(0));
   }
 }
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kBlock) avg_pool_backward(const T* dy, T* dx, 
     A sum = A(0);
     for (int64_t oh = oh0; oh <= oh1; ++oh) {
       for (int64_t ow = ow0; ow <= ow1; ++ow) {
-        const int64_t divisor = pool_divisor(g, window_of(g, oh, ow));
+        const int64_t divisor = window_of(g, oh, ow).divisor;
         if (divisor > 0) sum += static_cast<A>(Element<T>::load(grads + oh * g.out_w + ow)) / static_cast<A>(divisor);
       }
     }

@@ -9,11 +9,13 @@
 namespace flowlet::detail::cuda {
 
 // A 2-D window over `planes` = N * C contiguous planes of in_h x in_w, giving out_h x out_w.
-// The padding is the op's (Pool2dAttrs: ceil_mode already folded into bottom and right).
+// The padding is the op's (Pool2dAttrs: ceil_mode already folded into bottom and right, ceil_h
+// and ceil_w of it, which count_include_pad does not count).
 struct PoolGeometry {
   int64_t planes = 0, in_h = 0, in_w = 0, out_h = 0, out_w = 0;
   int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1;
   int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+  int64_t ceil_h = 0, ceil_w = 0;
   bool count_include_pad = false;
 };
 
