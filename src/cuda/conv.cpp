@@ -111,11 +111,15 @@ bool pick(const Perf* perf, int count, bool strict_f32, Choice& choice) {
   return false;
 }
 
-template <class Perf>
-size_t largest_workspace(const Perf* perf, int count) {
+// The workspace timing offers the candidates: the largest any algorithm asks for (up to
+// kMaxFindWorkspace), as PyTorch's benchmark mode does, so that no fast algorithm is skipped for
+// want of memory. `size_of(algo, &bytes)` is the pass's cudnnGet*WorkspaceSize.
+template <class SizeOf>
+size_t largest_workspace(int algorithms, SizeOf size_of) {
   size_t most = 0;
-  for (int i = 0; i < count; ++i) {
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxFindWorkspace) most = std::max(most, perf[i].memory);
+  for (int algo = 0; algo < algorithms; ++algo) {
+    size_t bytes = 0;
+    if (size_of(algo, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kMaxFindWorkspace) most = std::max(most, bytes);
   }
   return most;
 }
@@ -154,7 +158,10 @@ Choice choose(Pass pass, const Problem& p, Descriptors& d, cudnnHandle_t handle,
                                                                      d.y.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                                      &count, perf));
       if (timed) {
-        const size_t bytes = largest_workspace(perf, count);
+        const size_t bytes = largest_workspace(CUDNN_CONVOLUTION_FWD_ALGO_COUNT, [&](int algo, size_t* size) {
+          return cudnnGetConvolutionForwardWorkspaceSize(handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
+                                                         static_cast<cudnnConvolutionFwdAlgo_t>(algo), size);
+        });
         const Tensor ws = workspace_tensor(bytes, device);
         FLOWLET_CUDA_CHECK(dev, cudnnFindConvolutionForwardAlgorithmEx(
                                     handle, d.x.get(), buf.a, d.w.get(), buf.b, d.conv.get(), d.y.get(), buf.out,
@@ -177,7 +184,10 @@ Choice choose(Pass pass, const Problem& p, Descriptors& d, cudnnHandle_t handle,
                                   handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
                                   CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf));
       if (timed) {
-        const size_t bytes = largest_workspace(perf, count);
+        const size_t bytes = largest_workspace(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, [&](int algo, size_t* size) {
+          return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
+                                                              static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), size);
+        });
         const Tensor ws = workspace_tensor(bytes, device);
         FLOWLET_CUDA_CHECK(dev, cudnnFindConvolutionBackwardDataAlgorithmEx(
                                     handle, d.w.get(), buf.a, d.y.get(), buf.b, d.conv.get(), d.x.get(), buf.out,
@@ -200,7 +210,11 @@ Choice choose(Pass pass, const Problem& p, Descriptors& d, cudnnHandle_t handle,
                                   handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
                                   CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
       if (timed) {
-        const size_t bytes = largest_workspace(perf, count);
+        const size_t bytes = largest_workspace(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, [&](int algo, size_t* size) {
+          return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
+                                                                static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
+                                                                size);
+        });
         const Tensor ws = workspace_tensor(bytes, device);
         FLOWLET_CUDA_CHECK(dev, cudnnFindConvolutionBackwardFilterAlgorithmEx(
                                     handle, d.x.get(), buf.a, d.y.get(), buf.b, d.conv.get(), d.w.get(), buf.out,
