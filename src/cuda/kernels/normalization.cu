@@ -47,9 +47,21 @@ __device__ void block_sum(double& a, double& b, double* shared) {
   for (int i = 0; i < warps; ++i) a += shared[i], b += shared[warps + i];
 }
 
-// Element j of channel c: x[(n * channels + c) * inner + s] with n = j / inner, s = j % inner.
-__device__ inline int64_t channel_at(const ChannelLayout& l, int64_t c, int64_t j) {
-  return ((j / l.inner) * l.channels + c) * l.inner + j % l.inner;
+// Calls f(at) for this thread's share of channel c's elements x[(n * channels + c) * inner + s].
+// Planes at least a block wide are walked plane by plane (no division, coalesced); short ones
+// (inner = 1 for [N, C]) as one flat range of n * inner + s.
+template <class F>
+__device__ inline void for_channel(const ChannelLayout& l, int64_t c, F&& f) {
+  if (l.inner >= static_cast<int64_t>(blockDim.x)) {
+    for (int64_t n = 0; n < l.outer; ++n) {
+      const int64_t base = (n * l.channels + c) * l.inner;
+      for (int64_t s = threadIdx.x; s < l.inner; s += blockDim.x) f(base + s);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < l.outer * l.inner; j += blockDim.x) {
+      f(((j / l.inner) * l.channels + c) * l.inner + j % l.inner);
+    }
+  }
 }
 
 template <class T>
@@ -60,22 +72,21 @@ __global__ void __launch_bounds__(kChannelBlock) batch_norm_training(const T* x,
   const int64_t count = l.outer * l.inner;
   for (int64_t c = blockIdx.x; c < l.channels; c += gridDim.x) {
     double total = 0, unused = 0;
-    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) total += load_f64(x, channel_at(l, c, j));
+    for_channel(l, c, [&](int64_t at) { total += load_f64(x, at); });
     block_sum(total, unused, shared);
     const double mean = total / static_cast<double>(count);
     double squares = 0;
-    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
-      const double d = load_f64(x, channel_at(l, c, j)) - mean;
+    for_channel(l, c, [&](int64_t at) {
+      const double d = load_f64(x, at) - mean;
       squares += d * d;
-    }
+    });
     block_sum(squares, unused, shared);
     const double var = squares / static_cast<double>(count);
     const double scale = load_f64(gamma, c) / sqrt(var + eps);
     const C<T> scale_c = static_cast<C<T>>(scale), shift_c = static_cast<C<T>>(load_f64(beta, c) - mean * scale);
-    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
-      const int64_t at = channel_at(l, c, j);
+    for_channel(l, c, [&](int64_t at) {
       Element<T>::store(y + at, static_cast<C<T>>(static_cast<C<T>>(Element<T>::load(x + at)) * scale_c + shift_c));
-    }
+    });
     if (threadIdx.x == 0) {
       Element<T>::store(mean_out + c, static_cast<C<T>>(mean));
       Element<T>::store(var_out + c, static_cast<C<T>>(var));
@@ -107,23 +118,21 @@ __global__ void __launch_bounds__(kChannelBlock) batch_norm_backward(const T* x,
     const double mu = load_f64(mean, c);
     const double rstd = 1.0 / sqrt(load_f64(var, c) + eps);
     double sum_dy = 0, sum_dy_xc = 0;
-    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
-      const int64_t at = channel_at(l, c, j);
+    for_channel(l, c, [&](int64_t at) {
       const double d = load_f64(dy, at);
       sum_dy += d;
       sum_dy_xc += d * (load_f64(x, at) - mu);
-    }
+    });
     block_sum(sum_dy, sum_dy_xc, shared);
     const double dg = sum_dy_xc * rstd;
     const double a = load_f64(gamma, c) * rstd;
     const double bx = -a * dg * rstd / static_cast<double>(count);  // dx = a * dy + bx * x + k
     const double k = -a * sum_dy / static_cast<double>(count) - bx * mu;
     const C<T> a_c = static_cast<C<T>>(a), bx_c = static_cast<C<T>>(bx), k_c = static_cast<C<T>>(k);
-    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
-      const int64_t at = channel_at(l, c, j);
+    for_channel(l, c, [&](int64_t at) {
       Element<T>::store(dx + at, static_cast<C<T>>(a_c * static_cast<C<T>>(Element<T>::load(dy + at)) +
                                                    bx_c * static_cast<C<T>>(Element<T>::load(x + at)) + k_c));
-    }
+    });
     if (threadIdx.x == 0) {
       Element<T>::store(dgamma + c, static_cast<C<T>>(dg));
       Element<T>::store(dbeta + c, static_cast<C<T>>(sum_dy));
