@@ -5,7 +5,8 @@
 //   their workspace size. The first call times the candidates with cudnnFind*AlgorithmEx, as
 //   PyTorch does with torch.backends.cudnn.benchmark; FLOWLET_CUDNN_FIND=0 takes cuDNN's heuristic
 //   (cudnnGet*_v7) instead. While a CUDA Graph records, nothing is timed: a cached choice serves,
-//   else the heuristic's (not cached, so a later eager call still times them).
+//   else the heuristic's (not cached, so a later eager call still times them). The descriptors
+//   are kept with the choice, so a call after the first costs one map lookup.
 // - Workspace: from flowlet's caching allocator (a u8 tensor on the device), so it is stream
 //   ordered like every other buffer and comes from the graph's pool while recording.
 // - Precision: f32 runs with CUDNN_FMA_MATH (no TF32) unless set_matmul_tf32(true), as matmul;
@@ -14,8 +15,11 @@
 //   stride) pads the input explicitly (kernels/conv.cu) and convolves without padding; the input
 //   gradient is then computed for the padded input and cropped.
 // - bias and the fused ReLU run as one epilogue kernel after the convolution.
+#include <array>
+#include <climits>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -44,11 +48,6 @@ struct Choice {
   size_t workspace = 0;
 };
 
-std::mutex cache_mutex;
-std::map<std::string, Choice>& choice_cache() {
-  static std::map<std::string, Choice> cache;
-  return cache;
-}
 
 bool timing_allowed() {
   static const bool allowed = [] {
@@ -75,11 +74,13 @@ struct Problem {
   bool tf32;
   int device;
 
-  std::string key(Pass pass) const {
+  // What identifies a plan: the pass and every number above.
+  using Key = std::array<int64_t, 24>;
+  Key key(Pass pass) const {
     const ConvGeometry& g = geometry;
-    return fmt::format("{} {} x{} w{} y{} pad {} {} stride {} {} dil {} {} g{} tf32 {} dev {}", pass_name(pass),
-                       dtype, x, w, y, g.pad_h, g.pad_w, g.stride_h, g.stride_w, g.dilation_h, g.dilation_w,
-                       g.groups, tf32, device);
+    return {static_cast<int64_t>(pass), static_cast<int64_t>(dtype), x[0], x[1], x[2], x[3], w[0], w[1], w[2], w[3],
+            y[0], y[1], y[2], y[3], g.pad_h, g.pad_w, g.stride_h, g.stride_w, g.dilation_h, g.dilation_w, g.groups,
+            tf32 ? 1 : 0, device, 0};
   }
 };
 
@@ -136,15 +137,9 @@ struct Buffers {
   void* out;
 };
 
-// Finds (or recalls) the algorithm of `pass` for problem p.
+// Finds the algorithm of `pass` for problem p: timed unless `recording`.
 Choice choose(Pass pass, const Problem& p, Descriptors& d, cudnnHandle_t handle, const Buffers& buf, bool recording,
               Device device) {
-  const std::string key = p.key(pass);
-  {
-    std::lock_guard lock(cache_mutex);
-    const auto found = choice_cache().find(key);
-    if (found != choice_cache().end()) return found->second;
-  }
   const bool strict = p.dtype == DType::f32 && !p.tf32;
   const bool timed = timing_allowed() && !recording;
   Choice choice;
@@ -235,20 +230,51 @@ Choice choose(Pass pass, const Problem& p, Descriptors& d, cudnnHandle_t handle,
     fail<DeviceError>("{}: cuDNN offers no algorithm for x {}, w {}, y {} ({}{}) on cuda:{}", pass_name(pass), p.x,
                       p.w, p.y, p.dtype, strict ? ", TF32 off" : "", dev);
   }
-  if (!recording) {
-    std::lock_guard lock(cache_mutex);
-    choice_cache().emplace(key, choice);
-  }
   return choice;
+}
+
+// A problem's descriptors (the convolution's set to the chosen math type) and algorithm, built
+// once per problem and kept for the process: later calls reuse both, so a call costs a lookup.
+struct Plan {
+  Descriptors d;
+  Choice choice;
+  Plan(const Problem& p, Pass pass) : d(p, pass) {}
+};
+
+std::mutex plans_mutex;
+std::map<Problem::Key, std::unique_ptr<Plan>>& plans() {
+  static std::map<Problem::Key, std::unique_ptr<Plan>> cached;  // never erased: plans stay valid
+  return cached;
+}
+
+const Plan* cached_plan(const Problem::Key& key) {
+  std::lock_guard lock(plans_mutex);
+  const auto found = plans().find(key);
+  return found == plans().end() ? nullptr : found->second.get();
 }
 
 // One cuDNN call of `pass`: out = conv(a, b) with beta = 0.
 void run_pass(Pass pass, const Problem& p, const Buffers& buf, const OpCall& call, Device device) {
   const Launch on = launch_on(device);
   const CudnnHandle handle(on.device, on.stream);
-  Descriptors d(p, pass);
-  const Choice choice = choose(pass, p, d, handle.get(), buf, recording_of(call.step) != nullptr, device);
-  d.conv.set_math(choice.math, on.device);
+  const Problem::Key key = p.key(pass);
+  const Plan* plan = cached_plan(key);
+  std::unique_ptr<Plan> uncached;  // a plan chosen while a CUDA Graph records: heuristic, not kept
+  if (plan == nullptr) {
+    const bool recording = recording_of(call.step) != nullptr;
+    auto fresh = std::make_unique<Plan>(p, pass);
+    fresh->choice = choose(pass, p, fresh->d, handle.get(), buf, recording, device);
+    fresh->d.conv.set_math(fresh->choice.math, on.device);
+    if (recording) {
+      uncached = std::move(fresh);
+      plan = uncached.get();
+    } else {
+      std::lock_guard lock(plans_mutex);
+      plan = plans().try_emplace(key, std::move(fresh)).first->second.get();  // a racing thread's plan is as good
+    }
+  }
+  const Descriptors& d = plan->d;
+  const Choice& choice = plan->choice;
   const Tensor ws = workspace_tensor(choice.workspace, device);
   void* ws_data = choice.workspace == 0 ? nullptr : ws.raw_data();
   const float one32 = 1.0f, zero32 = 0.0f;
