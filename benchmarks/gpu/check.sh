@@ -202,9 +202,13 @@ else
 fi
 # Issue 15: conv2d (cuDNN), max pooling and batch norm against PyTorch; the peer prints the ratios.
 if [[ -x $build/benchmarks/gpu/bench_gpu_conv ]]; then
-  step bench_gpu_conv 90 "$build/benchmarks/gpu/bench_gpu_conv"
+  step bench_gpu_conv 90 env FLOWLET_CUDNN_LOG=1 "$build/benchmarks/gpu/bench_gpu_conv"
   note '```'
   grep -E "^(gpu-conv|note|error)" "$OUT/bench_gpu_conv.log" >> "$report"
+  note '```'
+  note "cuDNN's choices (algo numbers: cudnn_ops.h's cudnnConvolution*Algo_t; math 0 default, 1 tensor op, 3 FMA):"
+  note '```'
+  grep -E "^cudnn:" "$OUT/bench_gpu_conv.log" | cut -c1-300 | head -n 60 >> "$report"
   note '```'
   if python3 -c "import torch" > /dev/null 2>&1; then
     step torch_peer_conv 90 python3 "$root/benchmarks/gpu/torch_peer_conv.py" --flowlet "$OUT/bench_gpu_conv.log"

@@ -23,6 +23,8 @@
 #include <mutex>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
 #include "cuda/cudnn.hpp"
@@ -48,6 +50,16 @@ struct Choice {
   size_t workspace = 0;
 };
 
+
+// FLOWLET_CUDNN_LOG=1: each new plan prints its algorithm to stderr (check.sh shows them beside
+// the benchmark, to tell a slow algorithm from a slow call).
+bool log_plans() {
+  static const bool on = [] {
+    const char* env = std::getenv("FLOWLET_CUDNN_LOG");
+    return env != nullptr && std::string(env) != "0";
+  }();
+  return on;
+}
 
 bool timing_allowed() {
   static const bool allowed = [] {
@@ -265,6 +277,13 @@ void run_pass(Pass pass, const Problem& p, const Buffers& buf, const OpCall& cal
     auto fresh = std::make_unique<Plan>(p, pass);
     fresh->choice = choose(pass, p, fresh->d, handle.get(), buf, recording, device);
     fresh->d.conv.set_math(fresh->choice.math, on.device);
+    if (log_plans()) {
+      fmt::print(stderr, "cudnn: {} {} x {} w {} y {} pad [{}, {}] stride [{}, {}] dilation [{}, {}] groups {}: algo {}, math {}, workspace {} bytes ({})\n",
+                 pass_name(pass), p.dtype, p.x, p.w, p.y, p.geometry.pad_h, p.geometry.pad_w, p.geometry.stride_h,
+                 p.geometry.stride_w, p.geometry.dilation_h, p.geometry.dilation_w, p.geometry.groups,
+                 fresh->choice.algo, static_cast<int>(fresh->choice.math), fresh->choice.workspace,
+                 recording ? "heuristic, recording" : timing_allowed() ? "timed" : "heuristic");
+    }
     if (recording) {
       uncached = std::move(fresh);
       plan = uncached.get();
