@@ -253,7 +253,7 @@ TEST_CASE("every issue 15 op exists, has a CUDA kernel in a build with CUDA, and
       {"conv2d_backward_input", "conv2d"},       {"conv2d_backward_weight", "conv2d"},
       {"max_pool2d_backward", "max_pool2d"},     {"avg_pool2d_backward", "avg_pool2d"},
       {"batch_norm_backward", "batch_norm_training"}, {"layer_norm_backward", "layer_norm"}};
-  MESSAGE((build_has_cuda() ? "a build with CUDA" : "a build without CUDA"));
+  MESSAGE(std::string(build_has_cuda() ? "a build with CUDA" : "a build without CUDA"));
   for (const std::string& name : test::kCudaConvOps) {
     CAPTURE(name);
     const fl::Op* op = fl::find_op(name);
