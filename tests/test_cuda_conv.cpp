@@ -35,7 +35,13 @@ using Outputs = std::vector<fl::Tensor>;
 const fl::Device kCpu("cpu");
 const fl::Device kGpu("cuda:0");
 
-using test::skip_without_gpu;
+// True when the case must stop for want of a GPU; says why once per run, not once per case.
+bool skip_without_gpu() {
+  if (test::have_gpu()) return false;
+  static bool said = false;
+  if (!said) said = test::skip_without_gpu();
+  return true;
+}
 
 // A row: the op it covers, its dtypes, seeded CPU inputs for a dtype, and the call (outputs, and
 // gradients when the row covers a backward op), run where its inputs are.
