@@ -152,7 +152,8 @@ const std::vector<Row>& table() {
                    return with_gradients(in, [](const Inputs& v) { return Outputs{fl::global_avg_pool2d(v[0])}; });
                  }});
     // Normalization: outputs (y and the statistics), then the gradients (the backward ops).
-    for (fl::Shape x : {fl::Shape{4, 3, 5, 6}, fl::Shape{7, 5}}) {
+    // The last two split each channel among several blocks on the GPU (planes, then flat positions).
+    for (fl::Shape x : {fl::Shape{4, 3, 5, 6}, fl::Shape{7, 5}, fl::Shape{8, 4, 40, 40}, fl::Shape{20000, 3}}) {
       r.push_back({"batch_norm_training", fmt::format("x {}", x), kAllFloat,
                    random_inputs({x, {x[1]}, {x[1]}}), [](const Inputs& in) {
                      return with_gradients(in, [](const Inputs& v) {

@@ -1,6 +1,8 @@
 // batch_norm_training / _backward / _inference, layer_norm / _backward and dropout on CUDA: host
 // side (layouts, launches) of kernels/normalization.cu. The op rules (src/ops/normalization.cpp,
 // src/ops/dropout.cpp) have checked shapes and dtypes: every input has x's dtype.
+#include <algorithm>
+
 #include "core/check.hpp"
 #include "core/device_scope_state.hpp"
 #include "cuda/kernels/conv_launch.hpp"
@@ -28,13 +30,21 @@ void rows_of(const Shape& s, int64_t normalized_dims, int64_t& rows, int64_t& co
   for (size_t d = 0; d < s.size(); ++d) (d < lead ? rows : cols) *= s[d];
 }
 
+// The partial sums' buffer of the batch norm kernels (from the caching allocator: stream ordered).
+Tensor batch_norm_scratch(const ChannelLayout& l, const Launch& on, Device device) {
+  return Tensor::empty(Shape{std::max<int64_t>(batch_norm_scratch_doubles(l, on), 1)}, f64, device);
+}
+
 void batch_norm_training_kernel(const OpCall& call, std::span<Tensor> out) {
   NoDeviceScope here;
   const Tensor x = call.inputs[0].contiguous();
   const Tensor gamma = call.inputs[1].contiguous(), beta = call.inputs[2].contiguous();
+  const ChannelLayout l = channels_of(x.shape());
+  const Launch on = launch_on(x.device());
+  const Tensor scratch = batch_norm_scratch(l, on, x.device());
   launch_batch_norm_training(x.raw_data(), gamma.raw_data(), beta.raw_data(), out[0].raw_data(), out[1].raw_data(),
-                             out[2].raw_data(), element_type(x.dtype()), channels_of(x.shape()),
-                             call.attrs<NormAttrs>().eps, launch_on(x.device()));
+                             out[2].raw_data(), element_type(x.dtype()), l, call.attrs<NormAttrs>().eps,
+                             static_cast<double*>(scratch.raw_data()), on);
 }
 
 void batch_norm_inference_kernel(const OpCall& call, std::span<Tensor> out) {
@@ -52,9 +62,12 @@ void batch_norm_backward_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor x = call.inputs[0].contiguous();
   const Tensor gamma = call.inputs[1].contiguous(), mean = call.inputs[2].contiguous();
   const Tensor var = call.inputs[3].contiguous(), dy = call.inputs[4].contiguous();
+  const ChannelLayout l = channels_of(x.shape());
+  const Launch on = launch_on(x.device());
+  const Tensor scratch = batch_norm_scratch(l, on, x.device());
   launch_batch_norm_backward(x.raw_data(), gamma.raw_data(), mean.raw_data(), var.raw_data(), dy.raw_data(),
-                             out[0].raw_data(), out[1].raw_data(), out[2].raw_data(), element_type(x.dtype()),
-                             channels_of(x.shape()), call.attrs<NormAttrs>().eps, launch_on(x.device()));
+                             out[0].raw_data(), out[1].raw_data(), out[2].raw_data(), element_type(x.dtype()), l,
+                             call.attrs<NormAttrs>().eps, static_cast<double*>(scratch.raw_data()), on);
 }
 
 void layer_norm_kernel(const OpCall& call, std::span<Tensor> out) {

@@ -46,19 +46,23 @@ void launch_bias_activation(void* y, const void* bias, ElementType type, int64_t
 struct ChannelLayout {
   int64_t outer = 0, channels = 0, inner = 0;
 };
-// One block per channel: mean[c], the biased var[c] (two passes), then
+// The f64 scratch (elements) the two batch norm launchers below need: partial sums of the pieces
+// each channel is split into, so that few channels still fill the GPU.
+int64_t batch_norm_scratch_doubles(const ChannelLayout& l, const Launch& where);
+// mean[c], the biased var[c] (two passes: the mean, then squared deviations), then
 // y = x * scale + shift with scale = gamma / sqrt(var + eps), shift = beta - mean * scale.
 void launch_batch_norm_training(const void* x, const void* gamma, const void* beta, void* y, void* mean, void* var,
-                                ElementType type, const ChannelLayout& l, double eps, const Launch& where);
+                                ElementType type, const ChannelLayout& l, double eps, double* scratch,
+                                const Launch& where);
 // y = x * scale + shift with the given statistics.
 void launch_batch_norm_inference(const void* x, const void* gamma, const void* beta, const void* mean,
                                  const void* var, void* y, ElementType type, const ChannelLayout& l, double eps,
                                  const Launch& where);
-// The training-mode gradient (through the batch statistics), one block per channel:
+// The training-mode gradient (through the batch statistics):
 // dbeta = sum dy, dgamma = sum dy * xhat, dx = gamma * rstd * (dy - dbeta / m - xhat * dgamma / m).
 void launch_batch_norm_backward(const void* x, const void* gamma, const void* mean, const void* var, const void* dy,
                                 void* dx, void* dgamma, void* dbeta, ElementType type, const ChannelLayout& l,
-                                double eps, const Launch& where);
+                                double eps, double* scratch, const Launch& where);
 
 // Layer normalization of each row of x [rows, cols]: mean[r], rstd[r] = 1 / sqrt(var + eps) and
 // y = (x - mean) * rstd * gamma[col] + beta[col].

@@ -3,12 +3,15 @@
 // per-row) scale and shift rounded to the compute type (float for f32/f16/bf16, double for f64),
 // then one multiply-add per element, so the GPU and the CPU differ only in the order of the f64 sums.
 //
-// Batch norm runs one block per channel (statistics, then the elementwise pass, in one launch);
+// Batch norm splits each channel among blocks (partial f64 sums in a scratch buffer, then the
+// elementwise pass: three launches forward, two backward);
 // layer norm one warp per row, and its dgamma/dbeta one thread per column summing over rows;
 // dropout one thread per Philox block (four stream indices, kernels/dropout_mask.hpp's mapping).
 #include "cuda/kernels/conv_launch.hpp"
 #include "cuda/kernels/device_types.cuh"
 #include "kernels/dropout_mask.hpp"
+
+#include <algorithm>
 
 namespace flowlet::detail::cuda {
 namespace {
@@ -47,47 +50,84 @@ __device__ void block_sum(double& a, double& b, double* shared) {
   for (int i = 0; i < warps; ++i) a += shared[i], b += shared[warps + i];
 }
 
-// Calls f(at) for this thread's share of channel c's elements x[(n * channels + c) * inner + s].
-// Planes at least a block wide are walked plane by plane (no division, coalesced); short ones
-// (inner = 1 for [N, C]) as one flat range of n * inner + s.
+// Each channel's m = outer * inner elements are split into `chunks` pieces, one block each, so
+// that few channels still fill the GPU: pieces of `per` whole planes when a plane is at least a
+// block wide (walked without division, coalesced), else of `per` flat positions j = n * inner + s.
+// Blocks write partial sums (f64) to a scratch buffer; the next kernel's blocks each add a
+// channel's partials up in chunk order, so every block sees the same totals.
+struct ChannelSplit {
+  int64_t chunks = 1, per = 1;
+  bool by_plane = false;
+};
+
+__device__ inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 template <class F>
-__device__ inline void for_channel(const ChannelLayout& l, int64_t c, F&& f) {
-  if (l.inner >= static_cast<int64_t>(blockDim.x)) {
-    for (int64_t n = 0; n < l.outer; ++n) {
+__device__ inline void for_chunk(const ChannelLayout& l, const ChannelSplit& sp, int64_t c, int64_t k, F&& f) {
+  if (sp.by_plane) {
+    const int64_t n1 = min64((k + 1) * sp.per, l.outer);
+    for (int64_t n = k * sp.per; n < n1; ++n) {
       const int64_t base = (n * l.channels + c) * l.inner;
       for (int64_t s = threadIdx.x; s < l.inner; s += blockDim.x) f(base + s);
     }
   } else {
-    for (int64_t j = threadIdx.x; j < l.outer * l.inner; j += blockDim.x) {
+    const int64_t j1 = min64((k + 1) * sp.per, l.outer * l.inner);
+    for (int64_t j = k * sp.per + threadIdx.x; j < j1; j += blockDim.x) {
       f(((j / l.inner) * l.channels + c) * l.inner + j % l.inner);
     }
   }
 }
 
-template <class T>
-__global__ void __launch_bounds__(kChannelBlock) batch_norm_training(const T* x, const T* gamma, const T* beta, T* y,
-                                                                     T* mean_out, T* var_out, ChannelLayout l,
-                                                                     double eps) {
+// Channel c's total of partial[(c * chunks + k) * stride + offset] over its chunks k.
+__device__ inline double channel_total(const double* partial, int64_t c, const ChannelSplit& sp, int stride = 1,
+                                       int offset = 0) {
+  double total = 0;
+  for (int64_t k = 0; k < sp.chunks; ++k) total += partial[(c * sp.chunks + k) * stride + offset];
+  return total;
+}
+
+// Pass 1: sums[b] = the sum of block b's piece. Pass 2 (mean given by pass 1): squares[b] = the sum
+// of squared deviations from the channel's mean.
+template <class T, bool Squares>
+__global__ void __launch_bounds__(kChannelBlock) batch_norm_partials(const T* x, ChannelLayout l, ChannelSplit sp,
+                                                                     const double* sums, double* out) {
   __shared__ double shared[2 * kChannelBlock / kWarp];
-  const int64_t count = l.outer * l.inner;
-  for (int64_t c = blockIdx.x; c < l.channels; c += gridDim.x) {
+  const double m = static_cast<double>(l.outer * l.inner);
+  for (int64_t b = blockIdx.x; b < l.channels * sp.chunks; b += gridDim.x) {
+    const int64_t c = b / sp.chunks, k = b % sp.chunks;
     double total = 0, unused = 0;
-    for_channel(l, c, [&](int64_t at) { total += load_f64(x, at); });
+    if (Squares) {
+      const double mean = channel_total(sums, c, sp) / m;
+      for_chunk(l, sp, c, k, [&](int64_t at) {
+        const double d = load_f64(x, at) - mean;
+        total += d * d;
+      });
+    } else {
+      for_chunk(l, sp, c, k, [&](int64_t at) { total += load_f64(x, at); });
+    }
     block_sum(total, unused, shared);
-    const double mean = total / static_cast<double>(count);
-    double squares = 0;
-    for_channel(l, c, [&](int64_t at) {
-      const double d = load_f64(x, at) - mean;
-      squares += d * d;
-    });
-    block_sum(squares, unused, shared);
-    const double var = squares / static_cast<double>(count);
+    if (threadIdx.x == 0) out[b] = total;
+  }
+}
+
+// y = x * scale + shift from the totals (mean, biased var); chunk 0 of each channel stores them.
+template <class T>
+__global__ void __launch_bounds__(kChannelBlock) batch_norm_training_apply(const T* x, const T* gamma, const T* beta,
+                                                                           T* y, T* mean_out, T* var_out,
+                                                                           ChannelLayout l, ChannelSplit sp,
+                                                                           const double* sums, const double* squares,
+                                                                           double eps) {
+  const double m = static_cast<double>(l.outer * l.inner);
+  for (int64_t b = blockIdx.x; b < l.channels * sp.chunks; b += gridDim.x) {
+    const int64_t c = b / sp.chunks, k = b % sp.chunks;
+    const double mean = channel_total(sums, c, sp) / m;
+    const double var = channel_total(squares, c, sp) / m;
     const double scale = load_f64(gamma, c) / sqrt(var + eps);
     const C<T> scale_c = static_cast<C<T>>(scale), shift_c = static_cast<C<T>>(load_f64(beta, c) - mean * scale);
-    for_channel(l, c, [&](int64_t at) {
+    for_chunk(l, sp, c, k, [&](int64_t at) {
       Element<T>::store(y + at, static_cast<C<T>>(static_cast<C<T>>(Element<T>::load(x + at)) * scale_c + shift_c));
     });
-    if (threadIdx.x == 0) {
+    if (k == 0 && threadIdx.x == 0) {
       Element<T>::store(mean_out + c, static_cast<C<T>>(mean));
       Element<T>::store(var_out + c, static_cast<C<T>>(var));
     }
@@ -108,32 +148,49 @@ __global__ void __launch_bounds__(kBlock) batch_norm_inference(const T* x, const
   }
 }
 
+// Backward pass 1: partial[2 b] = sum of dy, partial[2 b + 1] = sum of dy * (x - mean) over block b's piece.
 template <class T>
-__global__ void __launch_bounds__(kChannelBlock) batch_norm_backward(const T* x, const T* gamma, const T* mean,
-                                                                     const T* var, const T* dy, T* dx, T* dgamma,
-                                                                     T* dbeta, ChannelLayout l, double eps) {
+__global__ void __launch_bounds__(kChannelBlock) batch_norm_backward_partials(const T* x, const T* mean, const T* dy,
+                                                                              ChannelLayout l, ChannelSplit sp,
+                                                                              double* partial) {
   __shared__ double shared[2 * kChannelBlock / kWarp];
-  const int64_t count = l.outer * l.inner;
-  for (int64_t c = blockIdx.x; c < l.channels; c += gridDim.x) {
+  for (int64_t b = blockIdx.x; b < l.channels * sp.chunks; b += gridDim.x) {
+    const int64_t c = b / sp.chunks, k = b % sp.chunks;
     const double mu = load_f64(mean, c);
-    const double rstd = 1.0 / sqrt(load_f64(var, c) + eps);
     double sum_dy = 0, sum_dy_xc = 0;
-    for_channel(l, c, [&](int64_t at) {
+    for_chunk(l, sp, c, k, [&](int64_t at) {
       const double d = load_f64(dy, at);
       sum_dy += d;
       sum_dy_xc += d * (load_f64(x, at) - mu);
     });
     block_sum(sum_dy, sum_dy_xc, shared);
+    if (threadIdx.x == 0) partial[2 * b] = sum_dy, partial[2 * b + 1] = sum_dy_xc;
+  }
+}
+
+// Backward pass 2: dx = a * dy + bx * x + k per channel; chunk 0 stores dgamma and dbeta.
+template <class T>
+__global__ void __launch_bounds__(kChannelBlock) batch_norm_backward_apply(const T* x, const T* gamma, const T* mean,
+                                                                           const T* var, const T* dy, T* dx,
+                                                                           T* dgamma, T* dbeta, ChannelLayout l,
+                                                                           ChannelSplit sp, const double* partial,
+                                                                           double eps) {
+  const double m = static_cast<double>(l.outer * l.inner);
+  for (int64_t b = blockIdx.x; b < l.channels * sp.chunks; b += gridDim.x) {
+    const int64_t c = b / sp.chunks, chunk = b % sp.chunks;
+    const double sum_dy = channel_total(partial, c, sp, 2, 0), sum_dy_xc = channel_total(partial, c, sp, 2, 1);
+    const double mu = load_f64(mean, c);
+    const double rstd = 1.0 / sqrt(load_f64(var, c) + eps);
     const double dg = sum_dy_xc * rstd;
     const double a = load_f64(gamma, c) * rstd;
-    const double bx = -a * dg * rstd / static_cast<double>(count);  // dx = a * dy + bx * x + k
-    const double k = -a * sum_dy / static_cast<double>(count) - bx * mu;
+    const double bx = -a * dg * rstd / m;  // dx = a * dy + bx * x + k
+    const double k = -a * sum_dy / m - bx * mu;
     const C<T> a_c = static_cast<C<T>>(a), bx_c = static_cast<C<T>>(bx), k_c = static_cast<C<T>>(k);
-    for_channel(l, c, [&](int64_t at) {
+    for_chunk(l, sp, c, chunk, [&](int64_t at) {
       Element<T>::store(dx + at, static_cast<C<T>>(a_c * static_cast<C<T>>(Element<T>::load(dy + at)) +
                                                    bx_c * static_cast<C<T>>(Element<T>::load(x + at)) + k_c));
     });
-    if (threadIdx.x == 0) {
+    if (chunk == 0 && threadIdx.x == 0) {
       Element<T>::store(dgamma + c, static_cast<C<T>>(dg));
       Element<T>::store(dbeta + c, static_cast<C<T>>(sum_dy));
     }
@@ -234,19 +291,49 @@ __global__ void __launch_bounds__(kBlock) dropout(const T* x, T* y, int64_t n, c
   }
 }
 
-int channel_blocks(int64_t channels, const Launch& where) {
-  return static_cast<int>(channels < where.max_blocks ? channels : where.max_blocks);
+constexpr int64_t kMinChunk = 4096;  // elements a block's piece should have at least
+
+// Chunks enough for about where.max_blocks blocks in all, none below kMinChunk elements.
+ChannelSplit split_of(const ChannelLayout& l, const Launch& where) {
+  const int64_t m = l.outer * l.inner;
+  int64_t chunks = std::max<int64_t>(1, where.max_blocks / std::max<int64_t>(l.channels, 1));
+  chunks = std::min(chunks, std::max<int64_t>(1, m / kMinChunk));
+  ChannelSplit sp;
+  sp.by_plane = l.inner >= kChannelBlock;
+  const int64_t units = sp.by_plane ? l.outer : m;  // what the pieces divide
+  chunks = std::min(chunks, std::max<int64_t>(units, 1));
+  sp.per = (units + chunks - 1) / chunks;
+  sp.chunks = (units + sp.per - 1) / sp.per;
+  return sp;
+}
+
+int split_blocks(const ChannelLayout& l, const ChannelSplit& sp) {
+  return static_cast<int>(std::min<int64_t>(l.channels * sp.chunks, 65535));
 }
 
 }  // namespace
 
+int64_t batch_norm_scratch_doubles(const ChannelLayout& l, const Launch& where) {
+  return 2 * l.channels * split_of(l, where).chunks;
+}
+
 void launch_batch_norm_training(const void* x, const void* gamma, const void* beta, void* y, void* mean, void* var,
-                                ElementType type, const ChannelLayout& l, double eps, const Launch& where) {
+                                ElementType type, const ChannelLayout& l, double eps, double* scratch,
+                                const Launch& where) {
   if (l.channels == 0 || l.outer * l.inner == 0) return;
+  const ChannelSplit sp = split_of(l, where);
+  double* sums = scratch;
+  double* squares = scratch + l.channels * sp.chunks;
+  const int blocks = split_blocks(l, sp);
   visit_type<kFloatTypes>("batch_norm_training", type, [&]<class T>(TypeTag<T>) {
-    batch_norm_training<T><<<channel_blocks(l.channels, where), kChannelBlock, 0, where.stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(y),
-        static_cast<T*>(mean), static_cast<T*>(var), l, eps);
+    const T* xs = static_cast<const T*>(x);
+    batch_norm_partials<T, false><<<blocks, kChannelBlock, 0, where.stream>>>(xs, l, sp, nullptr, sums);
+    FLOWLET_CUDA_CHECK_LAUNCH(where.device, "batch_norm_training");
+    batch_norm_partials<T, true><<<blocks, kChannelBlock, 0, where.stream>>>(xs, l, sp, sums, squares);
+    FLOWLET_CUDA_CHECK_LAUNCH(where.device, "batch_norm_training");
+    batch_norm_training_apply<T><<<blocks, kChannelBlock, 0, where.stream>>>(
+        xs, static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(y), static_cast<T*>(mean),
+        static_cast<T*>(var), l, sp, sums, squares, eps);
     FLOWLET_CUDA_CHECK_LAUNCH(where.device, "batch_norm_training");
   });
 }
@@ -266,13 +353,18 @@ void launch_batch_norm_inference(const void* x, const void* gamma, const void* b
 
 void launch_batch_norm_backward(const void* x, const void* gamma, const void* mean, const void* var, const void* dy,
                                 void* dx, void* dgamma, void* dbeta, ElementType type, const ChannelLayout& l,
-                                double eps, const Launch& where) {
+                                double eps, double* scratch, const Launch& where) {
   if (l.channels == 0 || l.outer * l.inner == 0) return;
+  const ChannelSplit sp = split_of(l, where);
+  const int blocks = split_blocks(l, sp);
   visit_type<kFloatTypes>("batch_norm_backward", type, [&]<class T>(TypeTag<T>) {
-    batch_norm_backward<T><<<channel_blocks(l.channels, where), kChannelBlock, 0, where.stream>>>(
+    batch_norm_backward_partials<T><<<blocks, kChannelBlock, 0, where.stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(mean), static_cast<const T*>(dy), l, sp, scratch);
+    FLOWLET_CUDA_CHECK_LAUNCH(where.device, "batch_norm_backward");
+    batch_norm_backward_apply<T><<<blocks, kChannelBlock, 0, where.stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(mean),
         static_cast<const T*>(var), static_cast<const T*>(dy), static_cast<T*>(dx), static_cast<T*>(dgamma),
-        static_cast<T*>(dbeta), l, eps);
+        static_cast<T*>(dbeta), l, sp, scratch, eps);
     FLOWLET_CUDA_CHECK_LAUNCH(where.device, "batch_norm_backward");
   });
 }
