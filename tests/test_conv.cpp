@@ -129,6 +129,44 @@ TEST_CASE("conv2d, its backward ops and pooling match central finite differences
   CHECK(cases >= 30);
 }
 
+TEST_CASE("on big shapes (row blocks, several chunks) the backward ops are conv2d's adjoints") {
+  // <conv2d(x, w), dy> = <x, backward_input(dy, w)> = <w, backward_weight(x, dy)>: the gradients of
+  // sum(conv2d(x, w) * dy). Each column block of these shapes holds a few output rows only.
+  struct Big {
+    fl::Shape x, w;
+    fl::Conv2dOptions options;
+  };
+  for (const Big& b : {Big{{2, 64, 40, 40}, {4, 64, 5, 5}, {.padding = 2}},
+                       Big{{3, 32, 30, 33}, {8, 16, 3, 3}, {.stride = 2, .padding = fl::Padding::same(), .groups = 2}},
+                       Big{{2, 48, 20, 60}, {6, 48, 3, 7}, {.padding = {1, 3}, .dilation = {1, 2}}}}) {
+    for (fl::DType dt : {fl::f64, fl::f32}) {
+      INFO(test::shape_text(b.x), " ", fl::dtype_name(dt));
+      const fl::Tensor x = test::random_tensor(b.x, 80, dt), w = test::random_tensor(b.w, 81, dt);
+      const fl::Tensor y = fl::conv2d(x, w, b.options);
+      const conv_ref::Image want = conv_ref::conv2d(image_of(x), image_of(w), nullptr, [&] {
+        conv_ref::ConvSpec s{.stride_h = b.options.stride.h, .stride_w = b.options.stride.w, .dilation_h = b.options.dilation.h,
+                             .dilation_w = b.options.dilation.w, .groups = b.options.groups};
+        const bool same = b.options.padding.same_size;
+        // same, stride 2, 3x3 on 30x33: outputs 15x17, total pads 14*2+3-30 = 1 (0, 1) and 16*2+3-33 = 2 (1, 1)
+        s.pad_top = same ? 0 : b.options.padding.top, s.pad_bottom = same ? 1 : b.options.padding.bottom;
+        s.pad_left = same ? 1 : b.options.padding.left, s.pad_right = same ? 1 : b.options.padding.right;
+        return s;
+      }());
+      const test::Tolerance tol = dt == fl::f64 ? test::Tolerance{1e-11, 1e-11} : test::Tolerance{1e-4, 1e-4};
+      check_tensor(y, want.values, fl::Shape(want.dims), dt, tol);
+      const fl::Tensor dy = test::random_tensor(y.shape(), 82, dt);
+      fl::GradientTape tape;
+      tape.watch(x);
+      tape.watch(w);
+      const std::vector<fl::Tensor> g = tape.gradient(fl::sum(fl::conv2d(x, w, b.options) * dy), std::vector<fl::Tensor>{x, w});
+      const double forward = test::gradient::dot(test::values(y), test::values(dy));
+      const double rel = dt == fl::f64 ? 1e-11 : 1e-4;
+      CHECK(test::gradient::dot(test::values(x), test::values(g[0])) == doctest::Approx(forward).epsilon(rel));
+      CHECK(test::gradient::dot(test::values(w), test::values(g[1])) == doctest::Approx(forward).epsilon(rel));
+    }
+  }
+}
+
 TEST_CASE("conv2d's relu activation passes the gradient only where the output is positive") {
   for (bool with_bias : {false, true}) {
     INFO("bias ", with_bias);

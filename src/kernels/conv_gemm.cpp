@@ -18,6 +18,12 @@ namespace {
 // Multiply-adds below which another thread does not pay for waking it.
 constexpr double kConvWorkPerThread = 1 << 18;
 
+// The most bytes of column matrix one block of output rows unfolds: big enough that the GEMM's
+// N stays in the hundreds (448 positions for a 3x3 conv over 64 channels of 56-wide rows), small
+// enough that a chunk's buffer stays about 1 MiB instead of the whole image's (7 MiB for
+// 64x56x56 3x3). Measured against no blocking and 512 KiB in bench_conv: within the noise of a
+// loaded machine (docs/notes15/conv.md), so the bounded memory decides.
+constexpr size_t kColumnBytes = size_t{1} << 20;
 // Row-major C = alpha * op(A) op(B) + beta * C.
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
           int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -47,29 +53,30 @@ bool is_pointwise(const ConvGeometry& g) {
          g.oh == g.h && g.ow == g.w;
 }
 
-// Calls visit(row of col, input row or -1, first, last, input column offset) for every row of
-// every column-matrix row: the shared walk of im2col and col2im.
+// Calls visit(offset in col, input row or -1, first, last, input column offset) for each output
+// row in [oy0, oy1) of every column-matrix row: the shared walk of im2col and col2im. The column
+// matrix holds output rows [oy0, oy1) only: [channels * kh * kw, (oy1 - oy0) * ow].
 template <class Visit>
-void walk_columns(const ConvGeometry& g, int64_t channels, Visit&& visit) {
-  const int64_t positions = g.oh * g.ow;
+void walk_columns(const ConvGeometry& g, int64_t channels, int64_t oy0, int64_t oy1, Visit&& visit) {
+  const int64_t positions = (oy1 - oy0) * g.ow;
   for (int64_t c = 0; c < channels; ++c)
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j) {
         const int64_t row = (c * g.kh + i) * g.kw + j;
         const int64_t x_offset = j * g.dilation_w - g.pad_left;
         const auto [first, last] = valid_outputs(x_offset, g.stride_w, g.w, g.ow);
-        for (int64_t oy = 0; oy < g.oh; ++oy) {
+        for (int64_t oy = oy0; oy < oy1; ++oy) {
           const int64_t iy = oy * g.stride_h - g.pad_top + i * g.dilation_h;
           const int64_t in_row = iy < 0 || iy >= g.h ? -1 : c * g.h + iy;
-          visit(row * positions + oy * g.ow, in_row, first, last, x_offset);
+          visit(row * positions + (oy - oy0) * g.ow, in_row, first, last, x_offset);
         }
       }
 }
 
 // col [channels * kh * kw, oh * ow] from one image's channels [channels, h, w]; zero where padded.
 template <class T>
-void im2col(const ConvGeometry& g, int64_t channels, const T* x, T* col) {
-  walk_columns(g, channels, [&](int64_t at, int64_t in_row, int64_t first, int64_t last, int64_t x_offset) {
+void im2col(const ConvGeometry& g, int64_t channels, int64_t oy0, int64_t oy1, const T* x, T* col) {
+  walk_columns(g, channels, oy0, oy1, [&](int64_t at, int64_t in_row, int64_t first, int64_t last, int64_t x_offset) {
     T* out = col + at;
     if (in_row < 0) {
       std::fill(out, out + g.ow, T(0));
@@ -88,8 +95,8 @@ void im2col(const ConvGeometry& g, int64_t channels, const T* x, T* col) {
 
 // The reverse: adds each column entry to the image position it came from (padding drops).
 template <class T>
-void col2im_add(const ConvGeometry& g, int64_t channels, const T* col, T* x) {
-  walk_columns(g, channels, [&](int64_t at, int64_t in_row, int64_t first, int64_t last, int64_t x_offset) {
+void col2im_add(const ConvGeometry& g, int64_t channels, int64_t oy0, int64_t oy1, const T* col, T* x) {
+  walk_columns(g, channels, oy0, oy1, [&](int64_t at, int64_t in_row, int64_t first, int64_t last, int64_t x_offset) {
     if (in_row < 0) return;
     const T* from = col + at;
     T* in = x + in_row * g.w;
@@ -117,6 +124,14 @@ void for_item_ranges(int64_t items, int64_t chunks, Body&& body) {
 
 }  // namespace
 
+// Output rows per column block: the column matrix of one block stays within kColumnBytes, at
+// least one row.
+int64_t rows_per_block(const ConvGeometry& g, int64_t k, size_t item_size) {
+  const auto bytes = static_cast<double>(k) * static_cast<double>(g.ow) * static_cast<double>(item_size);
+  return std::clamp<int64_t>(static_cast<int64_t>(static_cast<double>(kColumnBytes) / std::max(bytes, 1.0)), 1,
+                             std::max<int64_t>(g.oh, 1));
+}
+
 template <class T>
 void conv2d_forward_cpu(const ConvGeometry& g, const T* x, const T* w, const T* bias, bool relu, T* y) {
   use_pool_threads_only();
@@ -124,19 +139,24 @@ void conv2d_forward_cpu(const ConvGeometry& g, const T* x, const T* w, const T* 
   const int64_t items = g.n * g.groups;
   if (items == 0 || og == 0 || positions == 0) return;
   const bool pointwise = is_pointwise(g);
+  const int64_t block = pointwise ? g.oh : rows_per_block(g, k, sizeof(T));
   const int64_t chunks = chunks_for(items, static_cast<double>(og) * static_cast<double>(k * positions));
   for_item_ranges(items, chunks, [&](int64_t, int64_t first, int64_t last) {
-    std::vector<T> col(pointwise ? 0 : static_cast<size_t>(k * positions));
+    std::vector<T> col(pointwise ? 0 : static_cast<size_t>(k * block * g.ow));
     for (int64_t item = first; item < last; ++item) {
       const int64_t image = item / g.groups, group = item % g.groups;
       const T* xs = x + (image * g.c + group * cg) * g.h * g.w;
       T* ys = y + (image * g.o + group * og) * positions;
-      if (!pointwise) im2col(g, cg, xs, col.data());
       if (k == 0) {
         std::fill(ys, ys + og * positions, T(0));
+      } else if (pointwise) {
+        gemm(false, false, og, positions, k, w + group * og * k, k, xs, positions, T(0), ys, positions);
       } else {
-        gemm(false, false, og, positions, k, w + group * og * k, k, pointwise ? xs : col.data(), positions, T(0), ys,
-             positions);
+        for (int64_t oy0 = 0; oy0 < g.oh; oy0 += block) {
+          const int64_t oy1 = std::min(oy0 + block, g.oh), span = (oy1 - oy0) * g.ow;
+          im2col(g, cg, oy0, oy1, xs, col.data());
+          gemm(false, false, og, span, k, w + group * og * k, k, col.data(), span, T(0), ys + oy0 * g.ow, positions);
+        }
       }
       for (int64_t oc = 0; oc < og; ++oc) {
         T* line = ys + oc * positions;
@@ -158,9 +178,10 @@ void conv2d_backward_input_cpu(const ConvGeometry& g, const T* dy, const T* w, T
   const int64_t items = g.n * g.groups;
   if (items == 0 || cg == 0) return;
   const bool pointwise = is_pointwise(g);
+  const int64_t block = pointwise ? g.oh : rows_per_block(g, k, sizeof(T));
   const int64_t chunks = chunks_for(items, static_cast<double>(og) * static_cast<double>(k * positions));
   for_item_ranges(items, chunks, [&](int64_t, int64_t first, int64_t last) {
-    std::vector<T> col(pointwise ? 0 : static_cast<size_t>(k * positions));
+    std::vector<T> col(pointwise ? 0 : static_cast<size_t>(k * block * g.ow));
     for (int64_t item = first; item < last; ++item) {
       const int64_t image = item / g.groups, group = item % g.groups;
       T* dxs = dx + (image * g.c + group * cg) * g.h * g.w;
@@ -169,12 +190,16 @@ void conv2d_backward_input_cpu(const ConvGeometry& g, const T* dy, const T* w, T
         std::fill(dxs, dxs + cg * g.h * g.w, T(0));
         continue;
       }
-      // dcol [k, positions] = w_g^T [k, og] @ dy_g [og, positions]
-      T* target = pointwise ? dxs : col.data();
-      gemm(true, false, k, positions, og, w + group * og * k, k, dys, positions, T(0), target, positions);
-      if (!pointwise) {
-        std::fill(dxs, dxs + cg * g.h * g.w, T(0));
-        col2im_add(g, cg, col.data(), dxs);
+      // dcol [k, positions] = w_g^T [k, og] @ dy_g [og, positions], a block of output rows at a time
+      if (pointwise) {
+        gemm(true, false, k, positions, og, w + group * og * k, k, dys, positions, T(0), dxs, positions);
+        continue;
+      }
+      std::fill(dxs, dxs + cg * g.h * g.w, T(0));
+      for (int64_t oy0 = 0; oy0 < g.oh; oy0 += block) {
+        const int64_t oy1 = std::min(oy0 + block, g.oh), span = (oy1 - oy0) * g.ow;
+        gemm(true, false, k, span, og, w + group * og * k, k, dys + oy0 * g.ow, positions, T(0), col.data(), span);
+        col2im_add(g, cg, oy0, oy1, col.data(), dxs);
       }
     }
   });
@@ -188,6 +213,7 @@ void conv2d_backward_weight_cpu(const ConvGeometry& g, const T* x, const T* dy, 
   std::fill(dw, dw + weights, T(0));
   if (items == 0 || weights == 0 || positions == 0) return;
   const bool pointwise = is_pointwise(g);
+  const int64_t block = pointwise ? g.oh : rows_per_block(g, k, sizeof(T));
   const int64_t chunks = chunks_for(items, static_cast<double>(og) * static_cast<double>(k * positions));
   // Each chunk past the first sums into its own buffer; the buffers are added at the end.
   std::vector<std::vector<T>> partial(static_cast<size_t>(chunks - 1));
@@ -198,15 +224,21 @@ void conv2d_backward_weight_cpu(const ConvGeometry& g, const T* x, const T* dy, 
       own.assign(static_cast<size_t>(weights), T(0));
       sum = own.data();
     }
-    std::vector<T> col(pointwise ? 0 : static_cast<size_t>(k * positions));
+    std::vector<T> col(pointwise ? 0 : static_cast<size_t>(k * block * g.ow));
     for (int64_t item = first; item < last; ++item) {
       const int64_t image = item / g.groups, group = item % g.groups;
       const T* xs = x + (image * g.c + group * cg) * g.h * g.w;
       const T* dys = dy + (image * g.o + group * og) * positions;
-      if (!pointwise) im2col(g, cg, xs, col.data());
-      // dw_g [og, k] += dy_g [og, positions] @ col^T [positions, k]
-      gemm(false, true, og, k, positions, dys, positions, pointwise ? xs : col.data(), positions, T(1),
-           sum + group * og * k, k);
+      // dw_g [og, k] += dy_g [og, positions] @ col^T [positions, k], a block of output rows at a time
+      if (pointwise) {
+        gemm(false, true, og, k, positions, dys, positions, xs, positions, T(1), sum + group * og * k, k);
+        continue;
+      }
+      for (int64_t oy0 = 0; oy0 < g.oh; oy0 += block) {
+        const int64_t oy1 = std::min(oy0 + block, g.oh), span = (oy1 - oy0) * g.ow;
+        im2col(g, cg, oy0, oy1, xs, col.data());
+        gemm(false, true, og, k, span, dys + oy0 * g.ow, positions, col.data(), span, T(1), sum + group * og * k, k);
+      }
     }
   });
   for (const auto& own : partial)

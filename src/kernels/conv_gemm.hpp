@@ -2,7 +2,8 @@
 // for conv2d and its two backward ops). Each image's patches are unfolded into a column matrix
 // [C/g * kH * kW, H' * W'] and multiplied by the weights of its group; a 1x1 convolution with
 // stride 1 and no padding uses the image itself as that matrix. Work splits over images on
-// flowlet's pool (each chunk owns its column buffer); OpenBLAS runs on one thread per call
+// flowlet's pool (each chunk owns its column buffer, a block of output rows at a time, about
+// 1 MiB); OpenBLAS runs on one thread per call
 // (src/kernels/blas_threads.hpp), so the thread budget holds.
 #pragma once
 
