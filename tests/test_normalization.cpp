@@ -453,3 +453,67 @@ TEST_CASE("dropout: threads drawing from one generator never draw the same strea
   for (int i = 0; i < 2 * per_thread; ++i) want.insert(test::values(fl::dropout(x, 0.5, replay)));
   CHECK(got == want);
 }
+
+TEST_CASE("layer_norm: gamma and beta gradients over many rows (row blocks) match an f64 loop") {
+  for (const fl::Shape& s : {fl::Shape{37, 5}, fl::Shape{3, 4, 6}, fl::Shape{9, 1}}) {
+    CAPTURE(test::shape_text(s));
+    const int64_t d = s[s.size() - 1], rows = fl::Shape(s).numel() / d;
+    const fl::Tensor x = test::random_tensor(s, 120, fl::f64), dy = test::random_tensor(s, 121, fl::f64);
+    const fl::Tensor gamma = test::random_tensor({d}, 122, fl::f64), beta = test::random_tensor({d}, 123, fl::f64);
+    fl::GradientTape tape;
+    tape.watch(gamma);
+    tape.watch(beta);
+    const std::vector<fl::Tensor> g = tape.gradient(fl::sum(fl::layer_norm(x, gamma, beta) * dy), {gamma, beta});
+    const std::vector<double> xv = test::values(x), dv = test::values(dy);
+    std::vector<double> dgamma(static_cast<size_t>(d)), dbeta(static_cast<size_t>(d));
+    for (int64_t r = 0; r < rows; ++r) {
+      double m = 0, var = 0;
+      for (int64_t j = 0; j < d; ++j) m += xv[static_cast<size_t>(r * d + j)] / static_cast<double>(d);
+      for (int64_t j = 0; j < d; ++j) var += std::pow(xv[static_cast<size_t>(r * d + j)] - m, 2) / static_cast<double>(d);
+      for (int64_t j = 0; j < d; ++j) {
+        const auto i = static_cast<size_t>(r * d + j);
+        dgamma[static_cast<size_t>(j)] += dv[i] * (xv[i] - m) / std::sqrt(var + 1e-5);
+        dbeta[static_cast<size_t>(j)] += dv[i];
+      }
+    }
+    test::check_tensor(g[0], dgamma, fl::Shape{d}, fl::f64, test::Tolerance{1e-10, 1e-10});
+    test::check_tensor(g[1], dbeta, fl::Shape{d}, fl::f64, test::Tolerance{1e-10, 1e-10});
+  }
+}
+
+TEST_CASE("dropout: a tensor split across threads draws the documented mask at every chunk boundary") {
+  // 100003 elements: several parallel chunks whose edges fall inside Philox blocks and lane groups.
+  const int64_t n = 100003;
+  fl::Generator gen(99);
+  gen.state().assign(fl::tensor({int64_t{99}, int64_t{5}}));
+  const std::vector<double> y = test::values(fl::dropout(fl::ones({n}, fl::f64), 0.5, gen));
+  const std::vector<bool> keep = dropout_mask_reference(99, 5, n, 0.5);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += (y[static_cast<size_t>(i)] == 2.0) != keep[static_cast<size_t>(i)];
+  CHECK(wrong == 0);
+  CHECK(state_of(gen) == std::vector<int64_t>{99, 5 + n});
+}
+
+TEST_CASE("batch_norm_training: a statistics gradient that is zero now but depends on a variable keeps its derivative") {
+  // loss = sum(y * u) + sum(mean * (w - w0)) at w = w0: the mean's incoming gradient w - w0 is
+  // zero, yet d/dw of sum(v * dloss/dx) is sum over the channel of v / M, not 0.
+  const fl::Tensor x = test::random_tensor({4, 2}, 130, fl::f64), u = test::random_tensor({4, 2}, 131, fl::f64);
+  const fl::Tensor v = test::random_tensor({4, 2}, 132, fl::f64), w0 = test::random_tensor({2}, 133, fl::f64);
+  const fl::Tensor gamma = fl::ones({2}, fl::f64), beta = fl::zeros({2}, fl::f64);
+  auto h = [&](const fl::Tensor& w) {
+    fl::GradientTape inner;
+    inner.watch(x);
+    const fl::BatchNormOutput o = fl::batch_norm_training(x, gamma, beta);
+    const fl::Tensor loss = fl::sum(o.y * u) + fl::sum(o.mean * (w - w0));
+    return fl::sum(v * inner.gradient(loss, {x})[0]);
+  };
+  const fl::Tensor w = fl::cast(w0, fl::f64) + 0.0;  // equal values, its own tensor
+  fl::GradientTape outer;
+  outer.watch(w);
+  const fl::Tensor g = outer.gradient(h(w), {w})[0];
+  const std::vector<double> vv = test::values(v);
+  const std::vector<double> want = {(vv[0] + vv[2] + vv[4] + vv[6]) / 4, (vv[1] + vv[3] + vv[5] + vv[7]) / 4};
+  test::check_tensor(g, want, fl::Shape{2}, fl::f64, test::Tolerance{1e-12, 1e-12});
+  test::check_tensor(g, numeric_gradient(w, [&](const fl::Tensor& wm) { return scalar_value(h(wm)); }), fl::Shape{2},
+                     fl::f64, test::Tolerance{1e-6, 1e-8});
+}

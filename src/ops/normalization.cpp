@@ -15,6 +15,7 @@
 // their own, written with public ops, so gradients of gradients work too.
 #include "flowlet/ops/normalization.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -138,6 +139,28 @@ inline double load(const T* p, int64_t i) {
   return convert<double>(p[i]);
 }
 
+// f64 sums in kLanes independent lanes (element i adds into lane i % kLanes): a single running sum
+// is a chain of dependent adds the compiler may not reorder, while the lanes vectorize. total()
+// adds the lanes in a fixed order, so results do not depend on threads.
+constexpr int kLanes = 8;
+struct LaneSum {
+  double lane[kLanes] = {};
+  double total() const {
+    double t = 0;
+    for (double v : lane) t += v;
+    return t;
+  }
+};
+
+// Calls f(i, i % kLanes) for i in [0, n), kLanes at a time.
+template <class F>
+inline void for_lanes(int64_t n, F&& f) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) f(i + j, j);
+  for (int j = 0; i < n; ++i, ++j) f(i, j);
+}
+
 // Channels per parallel chunk: enough values to pay for a thread.
 int64_t channel_grain(int64_t values_per_channel) {
   return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(values_per_channel, 1));
@@ -176,21 +199,21 @@ void bn_training_kernel(const OpCall& call, std::span<Tensor> out) {
     const double count = static_cast<double>(v.count());
     parallel_for(v.c, channel_grain(v.count()), [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
-        double total = 0;
+        LaneSum total;
         for (int64_t n = 0; n < v.n; ++n) {
           const T* row = xs + (n * v.c + c) * v.s;
-          for (int64_t s = 0; s < v.s; ++s) total += load(row, s);
+          for_lanes(v.s, [&](int64_t s, int j) { total.lane[j] += load(row, s); });
         }
-        const double mean = total / count;
-        double squares = 0;
+        const double mean = total.total() / count;
+        LaneSum squares;
         for (int64_t n = 0; n < v.n; ++n) {
           const T* row = xs + (n * v.c + c) * v.s;
-          for (int64_t s = 0; s < v.s; ++s) {
+          for_lanes(v.s, [&](int64_t s, int j) {
             const double d = load(row, s) - mean;
-            squares += d * d;
-          }
+            squares.lane[j] += d * d;
+          });
         }
-        const double var = squares / count;
+        const double var = squares.total() / count;
         const double scale = load(g, c) / std::sqrt(var + eps);
         const C scale_c = static_cast<C>(scale), shift_c = static_cast<C>(load(b, c) - mean * scale);
         for (int64_t n = 0; n < v.n; ++n) {
@@ -248,15 +271,17 @@ void bn_backward_kernel(const OpCall& call, std::span<Tensor> out) {
       for (int64_t c = begin; c < end; ++c) {
         const double mu = load(m, c);
         const double rstd = 1.0 / std::sqrt(load(vr, c) + eps);
-        double sum_dy = 0, sum_dy_xc = 0;
+        LaneSum lanes_dy, lanes_dy_xc;
         for (int64_t n = 0; n < v.n; ++n) {
-          const int64_t at = (n * v.c + c) * v.s;
-          for (int64_t s = 0; s < v.s; ++s) {
-            const double d = load(dys, at + s);
-            sum_dy += d;
-            sum_dy_xc += d * (load(xs, at + s) - mu);
-          }
+          const T* dy_row = dys + (n * v.c + c) * v.s;
+          const T* x_row = xs + (n * v.c + c) * v.s;
+          for_lanes(v.s, [&](int64_t s, int j) {
+            const double d = load(dy_row, s);
+            lanes_dy.lane[j] += d;
+            lanes_dy_xc.lane[j] += d * (load(x_row, s) - mu);
+          });
         }
+        const double sum_dy = lanes_dy.total(), sum_dy_xc = lanes_dy_xc.total();
         const double dg = sum_dy_xc * rstd;
         const double a = load(g, c) * rstd;
         // dx = a * dy + bx * x + k: the formula above with xh expanded.
@@ -347,15 +372,15 @@ void ln_kernel(const OpCall& call, std::span<Tensor> out) {
     parallel_for(view.rows, channel_grain(d), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* row = xs + r * d;
-        double total = 0;
-        for (int64_t j = 0; j < d; ++j) total += load(row, j);
-        const double mean = total / static_cast<double>(d);
-        double squares = 0;
-        for (int64_t j = 0; j < d; ++j) {
+        LaneSum total;
+        for_lanes(d, [&](int64_t j, int lane) { total.lane[lane] += load(row, j); });
+        const double mean = total.total() / static_cast<double>(d);
+        LaneSum squares;
+        for_lanes(d, [&](int64_t j, int lane) {
           const double dev = load(row, j) - mean;
-          squares += dev * dev;
-        }
-        const double rstd = 1.0 / std::sqrt(squares / static_cast<double>(d) + attrs.eps);
+          squares.lane[lane] += dev * dev;
+        });
+        const double rstd = 1.0 / std::sqrt(squares.total() / static_cast<double>(d) + attrs.eps);
         const C mean_c = static_cast<C>(mean), rstd_c = static_cast<C>(rstd);
         for (int64_t j = 0; j < d; ++j) {
           y[r * d + j] = convert<T>(static_cast<C>((convert<C>(row[j]) - mean_c) * rstd_c * convert<C>(g[j]) + convert<C>(b[j])));
@@ -400,6 +425,7 @@ void ln_backward_kernel(const OpCall& call, std::span<Tensor> out) {
                rstd = call.inputs[3].contiguous(), dy = call.inputs[4].contiguous();
   const RowView view = row_view(call.op.name, x.shape(), call.attrs<NormAttrs>().normalized_dims);
   visit_dtype<kFloating>(x.dtype(), [&]<class T>(TypeTag<T>) {
+    using C = compute_t<T>;
     const T* xs = static_cast<const T*>(x.raw_data());
     const T* g = static_cast<const T*>(gamma.raw_data());
     const T* m = static_cast<const T*>(mean.raw_data());
@@ -409,37 +435,47 @@ void ln_backward_kernel(const OpCall& call, std::span<Tensor> out) {
     T* dgamma = static_cast<T*>(out[1].raw_data());
     T* dbeta = static_cast<T*>(out[2].raw_data());
     const int64_t d = view.d, rows = view.rows;
-    parallel_for(rows, channel_grain(d), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const double mu = load(m, r), rstd_r = load(rs, r);
-        const int64_t at = r * d;
-        double sum_u = 0, sum_u_xh = 0;
-        for (int64_t j = 0; j < d; ++j) {
-          const double u = load(dys, at + j) * load(g, j);
-          sum_u += u;
-          sum_u_xh += u * (load(xs, at + j) - mu) * rstd_r;
-        }
-        const double mean_u = sum_u / static_cast<double>(d), mean_u_xh = sum_u_xh / static_cast<double>(d);
-        for (int64_t j = 0; j < d; ++j) {
-          const double u = load(dys, at + j) * load(g, j);
-          const double xh = (load(xs, at + j) - mu) * rstd_r;
-          dx[at + j] = convert<T>(rstd_r * (u - mean_u - xh * mean_u_xh));
+    // Row blocks, a count fixed by the shape (never by the thread count): each block writes dx for
+    // its rows and accumulates its own partial dgamma and dbeta (in f64) in the same sweep; the
+    // blocks' partial sums are then added in block order.
+    const int64_t blocks = std::clamp<int64_t>(std::min<int64_t>(64, (int64_t{1} << 22) / (2 * d)), 1, std::max<int64_t>(rows, 1));
+    std::vector<double> partial(static_cast<size_t>(blocks * 2 * d), 0.0);
+    parallel_for(blocks, 1, [&](int64_t first_block, int64_t last_block) {
+      for (int64_t block = first_block; block < last_block; ++block) {
+        double* sum_dy = partial.data() + block * 2 * d;
+        double* sum_dy_xh = sum_dy + d;
+        for (int64_t r = rows * block / blocks; r < rows * (block + 1) / blocks; ++r) {
+          const double mu = load(m, r), rstd_r = load(rs, r);
+          const int64_t at = r * d;
+          LaneSum lanes_u, lanes_u_xc;
+          for_lanes(d, [&](int64_t j, int lane) {
+            const double u = load(dys, at + j) * load(g, j);
+            lanes_u.lane[lane] += u;
+            lanes_u_xc.lane[lane] += u * (load(xs, at + j) - mu);
+          });
+          const double mean_u = lanes_u.total() / static_cast<double>(d);
+          const double mean_u_xh = lanes_u_xc.total() * rstd_r / static_cast<double>(d);
+          // dx = rstd (u - mean_u - xh mean_u_xh) = a u + bx x + k, with xh expanded.
+          const double bx = -rstd_r * rstd_r * mean_u_xh;
+          const C a_c = static_cast<C>(rstd_r), bx_c = static_cast<C>(bx), k_c = static_cast<C>(-rstd_r * mean_u - bx * mu);
+          for (int64_t j = 0; j < d; ++j) {
+            const C dyv = convert<C>(dys[at + j]), xv = convert<C>(xs[at + j]);
+            dx[at + j] = convert<T>(static_cast<C>(a_c * dyv * convert<C>(g[j]) + bx_c * xv + k_c));
+            sum_dy[j] += static_cast<double>(dyv);
+            sum_dy_xh[j] += static_cast<double>(dyv) * (static_cast<double>(xv) - mu) * rstd_r;
+          }
         }
       }
     });
-    // dgamma and dbeta sum over rows: in parallel over the normalized positions instead.
-    parallel_for(d, channel_grain(rows), [&](int64_t begin, int64_t end) {
-      for (int64_t j = begin; j < end; ++j) {
-        double sum_dy = 0, sum_dy_xh = 0;
-        for (int64_t r = 0; r < rows; ++r) {
-          const double dyv = load(dys, r * d + j);
-          sum_dy += dyv;
-          sum_dy_xh += dyv * (load(xs, r * d + j) - load(m, r)) * load(rs, r);
-        }
-        dgamma[j] = convert<T>(sum_dy_xh);
-        dbeta[j] = convert<T>(sum_dy);
+    for (int64_t j = 0; j < d; ++j) {
+      double total_dy = 0, total_dy_xh = 0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        total_dy += partial[static_cast<size_t>(b * 2 * d + j)];
+        total_dy_xh += partial[static_cast<size_t>(b * 2 * d + d + j)];
       }
-    });
+      dgamma[j] = convert<T>(total_dy_xh);
+      dbeta[j] = convert<T>(total_dy);
+    }
   });
 }
 
@@ -463,6 +499,22 @@ Op layer_norm_op{"layer_norm", 3, 3, kNoFlags, &ln_infer, {&ln_kernel, nullptr},
 Op layer_norm_backward_op{"layer_norm_backward", 5, 5, kNoFlags, &ln_backward_infer, {&ln_backward_kernel, nullptr},
                           &ln_backward_grad, &copy_attributes<NormAttrs>, &describe_attributes<NormAttrs>};
 
+// True when `g` is the tape's gradient of an output nobody used: the zeros it makes for the rule
+// (held only by the tape's argument list: a use count of 1) on the CPU. Rules then skip that
+// output's terms (full passes over x). A gradient that was computed, even one that is zero now, is
+// held elsewhere too (the tape's map, an outer tape that tracks it): its terms are always added, so
+// higher-order gradients through it stay right. Traced and other devices' gradients are not read.
+bool unused_output_gradient(const Tensor& g) {
+  if (g.is_symbolic() || g.device().kind() != DeviceKind::cpu || g.impl_ptr()->use_count() != 1) return false;
+  const Tensor packed = g.contiguous();
+  return visit_dtype<kFloating>(packed.dtype(), [&]<class T>(TypeTag<T>) {
+    const T* p = static_cast<const T*>(packed.raw_data());
+    for (int64_t i = 0; i < packed.numel(); ++i)
+      if (load(p, i) != 0.0) return false;
+    return true;
+  });
+}
+
 // y, mean, var = batch_norm_training(x, gamma, beta). y's gradient goes through
 // batch_norm_backward; mean = sum(x) / M and var = sum((x - mean)^2) / M add
 // g_mean / M + g_var * 2 (x - mean) / M to dx.
@@ -472,9 +524,16 @@ void bn_training_grad(const GradCall& c, std::span<const Tensor> g, std::span<Te
   const NormAttrs& attrs = c.attrs<NormAttrs>();
   const Tensor backward_inputs[] = {x, c.inputs[1], mean, c.outputs[2], g[0]};
   std::vector<Tensor> r = dispatch_all(batch_norm_backward_op, backward_inputs, &attrs);
-  const Shape bshape = channel_broadcast_shape(x.shape());
-  const double inv_count = 1.0 / static_cast<double>(channel_view(x.shape()).count());
-  grads[0] = r[0] + reshape(g[1], bshape) * inv_count + reshape(g[2], bshape) * (x - reshape(mean, bshape)) * (2.0 * inv_count);
+  grads[0] = r[0];
+  if (!unused_output_gradient(g[1]) || !unused_output_gradient(g[2])) {
+    // g_mean / M + 2 g_var (x - mean) / M = beta_c * x + alpha_c per channel: two [C] vectors, then
+    // one broadcast multiply-add over x.
+    const Shape bshape = channel_broadcast_shape(x.shape());
+    const double inv_count = 1.0 / static_cast<double>(channel_view(x.shape()).count());
+    const Tensor slope = g[2] * (2.0 * inv_count);
+    const Tensor offset = g[1] * inv_count - slope * mean;
+    grads[0] = grads[0] + (x * reshape(slope, bshape) + reshape(offset, bshape));
+  }
   grads[1] = r[1];
   grads[2] = r[2];
 }
@@ -553,8 +612,13 @@ void ln_grad(const GradCall& c, std::span<const Tensor> g, std::span<Tensor> gra
   const RowView view = row_view("layer_norm", x.shape(), attrs.normalized_dims);
   const Shape ks = row_broadcast_shape(view, x.rank());
   const double inv_d = 1.0 / static_cast<double>(view.d);
-  const Tensor rb = reshape(rstd, ks);
-  grads[0] = r[0] + reshape(g[1], ks) * inv_d - reshape(g[2], ks) * rb * rb * rb * (x - reshape(mean, ks)) * inv_d;
+  grads[0] = r[0];
+  if (!unused_output_gradient(g[1]) || !unused_output_gradient(g[2])) {
+    // Per row: slope * x + offset with slope = -g_rstd rstd^3 / D, offset = g_mean / D - slope * mean.
+    const Tensor slope = -g[2] * rstd * rstd * rstd * inv_d;
+    const Tensor offset = g[1] * inv_d - slope * mean;
+    grads[0] = grads[0] + (x * reshape(slope, ks) + reshape(offset, ks));
+  }
   grads[1] = r[1];
   grads[2] = r[2];
 }
