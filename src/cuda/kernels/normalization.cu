@@ -1,12 +1,13 @@
-// Batch normalization, layer normalization and dropout kernels. They mirror the CPU kernels
-// (src/ops/normalization.cpp, src/ops/dropout.cpp) step for step: sums in f64, per-channel (or
+// Batch normalization, layer normalization and dropout kernels. They follow the CPU kernels'
+// arithmetic (src/ops/normalization.cpp, src/ops/dropout.cpp): sums in f64, per-channel (or
 // per-row) scale and shift rounded to the compute type (float for f32/f16/bf16, double for f64),
-// then one multiply-add per element, so the GPU and the CPU differ only in the order of the f64 sums.
+// then one multiply-add per element, so the GPU and the CPU differ in the order of the f64 sums
+// and by at most an ulp of the result; dropout's mask and values are the CPU's exactly.
 //
 // Batch norm splits each channel among blocks (partial f64 sums in a scratch buffer, then the
-// elementwise pass: three launches forward, two backward);
-// layer norm one warp per row, and its dgamma/dbeta one thread per column summing over rows;
-// dropout one thread per Philox block (four stream indices, kernels/dropout_mask.hpp's mapping).
+// elementwise pass: three launches forward, two backward); layer norm runs one warp per row, and
+// its dgamma/dbeta one thread per column summing over rows; dropout one thread per Philox block
+// (four stream indices, kernels/dropout_mask.hpp's mapping).
 #include "cuda/kernels/conv_launch.hpp"
 #include "cuda/kernels/device_types.cuh"
 #include "kernels/dropout_mask.hpp"
