@@ -55,7 +55,8 @@ bench: deps
 	-@bash benchmarks/peers/setup_tf_venv.sh  # the TensorFlow peer's venv (build/tf-venv); never fatal
 	@$(call configure,build/bench,--buildtype=release -Dbenchmarks=enabled -Dtests=false)
 	@meson compile -C build/bench
-	@bash scripts/run_benchmarks.sh build/bench
+	@bash scripts/run_benchmarks.sh build/bench; status=$$?; \
+	  bash tools/flowlet_bench/op_benchmarks.sh build/bench || status=1; exit $$status
 
 asan: deps
 	@$(call configure,build/asan,-Db_sanitize=address$(comma)undefined $(SANITIZER_OPTIONS))
