@@ -261,3 +261,15 @@ TEST_CASE("kDLCUDAHost memory is host memory: it becomes a cpu tensor") {
   CHECK(t.device() == fl::Device("cpu:0"));
   CHECK(t.to_vector<float>()[1] == 5.0f);
 }
+
+TEST_CASE("a tensor on a logical CPU device exports as kDLCPU 0 and comes back on cpu:0, same memory") {
+  fl::set_logical_cpu_devices(2);  // nothing else in this program uses cpu:1
+  const fl::Tensor x = fl::ones({3}, fl::f32, fl::Device("cpu:1"));
+  DLManagedTensor* m = fl::to_dlpack(x);
+  CHECK(m->dl_tensor.device.device_type == kDLCPU);
+  CHECK(m->dl_tensor.device.device_id == 0);
+  const fl::Tensor y = fl::from_dlpack(m);
+  CHECK(y.device() == fl::Device("cpu:0"));
+  CHECK(y.raw_data() == x.raw_data());
+  CHECK(y.to_vector<float>() == std::vector<float>{1, 1, 1});
+}

@@ -95,6 +95,37 @@ TorchFn torch_fn(std::string_view op, const Attributes& a) {
     const int64_t axis = a.get_int("axis", 0);
     return [axis](V x) { return at::cat(x, axis); };
   }
+  if (op == "reshape") {  // views on both sides, as in flowlet
+    const bool flatten = !a.has("shape");
+    const flowlet::Shape shape = flatten ? flowlet::Shape{} : parse_shape(a.get_string("shape", ""));
+    const std::vector<int64_t> dims(shape.begin(), shape.end());
+    return [=](V x) { return flatten ? x[0].reshape({-1}) : x[0].reshape(dims); };
+  }
+  if (op == "permute") {
+    const auto perm = a.get_ints("perm", {});
+    return [=](V x) {
+      std::vector<int64_t> order = perm;
+      if (order.empty()) {
+        for (int64_t i = x[0].dim(); i-- > 0;) order.push_back(i);
+      }
+      return x[0].permute(order);
+    };
+  }
+  if (op == "slice") {
+    const int64_t axis = a.get_int("axis", 0), start = a.get_int("start", 0), length = a.get_int("length", -1);
+    return [=](V x) { return x[0].narrow(axis, start, length >= 0 ? length : x[0].size(axis) - start); };
+  }
+  if (op == "scatter_add") {
+    const int64_t rows = a.get_int("rows", 2);
+    return [=](V x) {  // updates [indices..., rest...] -> rows of [rows, rest...]
+      std::vector<int64_t> sizes{rows}, flat{-1};
+      for (int64_t d = x[0].dim(); d < x[1].dim(); ++d) {
+        sizes.push_back(x[1].size(d));
+        flat.push_back(x[1].size(d));
+      }
+      return at::zeros(sizes, x[1].options()).index_add_(0, x[0].reshape({-1}), x[1].reshape(flat));
+    };
+  }
   if (op == "one_hot") {
     const int64_t depth = a.get_int("depth", 2);
     return [depth](V x) { return at::one_hot(x[0], depth); };
