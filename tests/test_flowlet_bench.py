@@ -14,9 +14,12 @@ import tempfile
 
 EXE = sys.argv[1]
 failures = []
+checks = 0
 
 
 def check(condition, what):
+    global checks
+    checks += 1
     if not condition:
         failures.append(what)
         print("FAIL:", what)
@@ -102,6 +105,35 @@ with tempfile.TemporaryDirectory() as cache:
         _, by_name = rows(out)
         check("sum[axes=1]/f64/cpu:0/4x8/fused/real_time" in by_name, f"attribute in the row name: {sorted(by_name)}")
 
+    # Issue 15's ops, once registered: attributes reach conv2d (padding and stride change the
+    # output, so the bytes and FLOPs per call) and the pools.
+    if "conv2d" in lines and "f32" in lines["conv2d"]:
+        code, out, err = run("conv2d", "--shapes", "1x2x5x5,3x2x3x3", "--attr", "padding=1", "--modes", "eager,fused",
+                             *quick, env=env)
+        check(code == 0, f"conv2d exits 0 ({err.strip()[-300:]})")
+        if code == 0:
+            _, by_name = rows(out)
+            row = by_name.get("conv2d[padding=1]/f32/cpu:0/1x2x5x5,3x2x3x3/eager/real_time")
+            check(row is not None, f"conv2d row: {sorted(by_name)}")
+            if row:  # output [1, 3, 5, 5]: 75 elements, each 2 x 2 x 3 x 3 FLOPs
+                check(near(row["flops"] * seconds(row), 2 * 75 * 2 * 9), "conv2d FLOPs with padding 1")
+                check(near(row["bytes_per_second"] * seconds(row), (50 + 54 + 75) * 4), "conv2d bytes with padding 1")
+        code, out, err = run("conv2d", "--shapes", "1x2x5x5,3x2x3x3", "--attr", "padding=1", "--attr", "stride=2",
+                             "--modes", "eager", *quick, env=env)
+        if code == 0:
+            _, by_name = rows(out)
+            row = next(iter(by_name.values()))
+            check(near(row["flops"] * seconds(row), 2 * 27 * 2 * 9), "conv2d FLOPs with stride 2 (output 3x3)")
+        else:
+            check(False, f"conv2d stride 2 exits 0 ({err.strip()[-300:]})")
+    if "max_pool2d" in lines and "f32" in lines["max_pool2d"]:
+        code, out, err = run("max_pool2d", "--shapes", "1x1x4x4", "--attr", "kernel=2", "--modes", "eager", *quick, env=env)
+        check(code == 0, f"max_pool2d exits 0 ({err.strip()[-300:]})")
+        if code == 0:
+            _, by_name = rows(out)
+            row = next(iter(by_name.values()))
+            check(near(row["bytes_per_second"] * seconds(row), (16 + 4) * 4), "max_pool2d kernel 2: 16 in, 4 out")
+
     # Errors: exit status 2 and a message naming the problem (the op's own for bad shapes/dtypes).
     error_cases = [
         (["nosuchop", "--shapes", "2"], ["unknown op 'nosuchop'", "--list"]),
@@ -127,4 +159,4 @@ with tempfile.TemporaryDirectory() as cache:
 if failures:
     print(f"{len(failures)} check(s) failed")
     sys.exit(1)
-print("flowlet-bench: all checks passed")
+print(f"flowlet-bench: all {checks} checks passed")

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -113,8 +114,10 @@ void register_rows(const Case& c, const Options& options, const Attributes& attr
     benchmark::internal::Benchmark* b = nullptr;
     if (mode == Mode::eager) {
       b = benchmark::RegisterBenchmark(row.c_str(), [shared, sync](benchmark::State& state) {
-        const auto start = Clock::now();
+        Clock::time_point start;
+        bool first = true;
         for (auto _ : state) {
+          if (first) start = Clock::now(), first = false;  // at the first iteration, as GB's own clock
           auto out = shared->call(shared->inputs);
           if (sync) fl::synchronize(shared->device);
           benchmark::DoNotOptimize(out);
@@ -129,8 +132,10 @@ void register_rows(const Case& c, const Options& options, const Attributes& attr
       auto traced = fl::trace([call](std::vector<fl::Tensor> xs) { return call(xs); }, trace_options);
       traced(shared->inputs);  // trace now, not inside the timing
       b = benchmark::RegisterBenchmark(row.c_str(), [shared, sync, traced](benchmark::State& state) mutable {
-        const auto start = Clock::now();
+        Clock::time_point start;
+        bool first = true;
         for (auto _ : state) {
+          if (first) start = Clock::now(), first = false;
           auto out = traced(shared->inputs);
           if (sync) fl::synchronize(shared->device);
           benchmark::DoNotOptimize(out);
@@ -147,8 +152,12 @@ void register_rows(const Case& c, const Options& options, const Attributes& attr
       }
       peer();  // warm up (libtorch's first call allocates its thread pool)
       b = benchmark::RegisterBenchmark(row.c_str(), [shared, peer](benchmark::State& state) {
-        const auto start = Clock::now();
-        for (auto _ : state) peer();
+        Clock::time_point start;
+        bool first = true;
+        for (auto _ : state) {
+          if (first) start = Clock::now(), first = false;
+          peer();
+        }
         set_counters(state, *shared, start);
       });
     }
@@ -231,6 +240,12 @@ int main(int argc, char** argv) {
 
   benchmark::AddCustomContext("flowlet_threads", std::to_string(threads));
   benchmark::AddCustomContext("peer", torch);
+  if (want_torch) {
+    // libtorch's OpenMP threads spin at barriers by default; on a loaded machine that costs it
+    // 100x on small ops (see docs/notes15/interop.md), so say which policy the run had.
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    benchmark::AddCustomContext("OMP_WAIT_POLICY", policy != nullptr ? policy : "(unset: OpenMP default, spins)");
+  }
   if (any_cpu) {
     benchmark::AddCustomContext("roofline_bandwidth_GBps", fmt::format("{:.2f}", roofline.bytes_per_second / 1e9));
     benchmark::AddCustomContext("roofline_f32_GFLOPs", fmt::format("{:.2f}", roofline.sgemm_flops / 1e9));
