@@ -126,6 +126,12 @@ with tempfile.TemporaryDirectory() as cache:
             check(near(row["flops"] * seconds(row), 2 * 27 * 2 * 9), "conv2d FLOPs with stride 2 (output 3x3)")
         else:
             check(False, f"conv2d stride 2 exits 0 ({err.strip()[-300:]})")
+        code, out, err = run("conv2d", "--shapes", "1x2x6x6,3x2x4x4", "--attr", "padding=same", "--attr", "stride=2",
+                             "--modes", "eager", *quick, env=env)
+        check(code == 0, f"conv2d padding=same exits 0 ({err.strip()[-300:]})")
+        if code == 0:  # "same" with stride 2: output 3x3, whatever the kernel
+            row = next(iter(rows(out)[1].values()))
+            check(near(row["flops"] * seconds(row), 2 * 27 * 2 * 16), "conv2d padding=same stride 2: output 3x3")
     if "max_pool2d" in lines and "f32" in lines["max_pool2d"]:
         code, out, err = run("max_pool2d", "--shapes", "1x1x4x4", "--attr", "kernel=2", "--modes", "eager", *quick, env=env)
         check(code == 0, f"max_pool2d exits 0 ({err.strip()[-300:]})")

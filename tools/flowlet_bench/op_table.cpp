@@ -37,7 +37,7 @@ OpCallFn dispatch_with(const fl::Op& op, std::shared_ptr<const void> attributes)
 fl::detail::Conv2dAttrs conv_attrs(const Attributes& a) {
   fl::detail::Conv2dAttrs c;
   const auto stride = a.get_ints("stride", {1});
-  const auto padding = a.get_ints("padding", {0});
+  const auto padding = a.get_string("padding", "") == "same" ? std::vector<int64_t>{0} : a.get_ints("padding", {0});
   const auto dilation = a.get_ints("dilation", {1});
   if (stride.size() > 2 || padding.size() > 2 || dilation.size() > 2) {
     throw UsageError("--attr stride/padding/dilation: one value or H:W");
@@ -181,7 +181,26 @@ PreparedOp prepare_op(const fl::Op& op, const Attributes& a, size_t count, fl::D
     p.call = [=](const std::vector<Tensor>& in) { return one(fl::scatter_add(in.at(0), in.at(1), rows)); };
   } else if (name == "conv2d") {
     takes({"stride", "padding", "dilation", "groups"});
-    p.call = dispatch_with(op, shared(conv_attrs(a)));
+    const fl::detail::Conv2dAttrs base = conv_attrs(a);
+    if (a.get_string("padding", "") != "same") {
+      p.call = dispatch_with(op, shared(base));
+    } else {
+      // "same" (output size ceil(input / stride)), resolved per call as conv2d() does: the total
+      // padding split with the odd one at the bottom/right.
+      p.call = [&op, base](const std::vector<Tensor>& in) {
+        fl::detail::Conv2dAttrs c = base;
+        if (in.size() >= 2 && in[0].rank() == 4 && in[1].rank() == 4) {
+          auto total = [](int64_t size, int64_t kernel, int64_t stride, int64_t dilation) {
+            const int64_t out = (size + stride - 1) / stride;
+            return std::max<int64_t>(0, (out - 1) * stride + (kernel - 1) * dilation + 1 - size);
+          };
+          const int64_t th = total(in[0].shape()[2], in[1].shape()[2], c.stride_h, c.dilation_h);
+          const int64_t tw = total(in[0].shape()[3], in[1].shape()[3], c.stride_w, c.dilation_w);
+          c.pad_top = th / 2, c.pad_bottom = th - th / 2, c.pad_left = tw / 2, c.pad_right = tw - tw / 2;
+        }
+        return fl::dispatch_all(op, std::span<const Tensor>(in), &c);
+      };
+    }
   } else if (name == "max_pool2d" || name == "avg_pool2d") {
     takes({"kernel", "stride", "padding", "count_include_pad"});
     p.call = dispatch_with(op, shared(pool_attrs(a)));

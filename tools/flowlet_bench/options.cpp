@@ -165,7 +165,7 @@ usage: flowlet-bench OP [--shapes S] [--sweep FIRST:LAST:xF|+S] [--dtype D[,D..]
   --attr K=V     an attribute of the op, lists ':' separated (--attr axes=0:1). Ops and their keys:
                  sum/max: axes, keepdims   argmax: axis   softmax/log_softmax: axis   cast: dtype
                  reshape: shape (2x8)   permute: perm   slice: axis,start,length   concat: axis
-                 one_hot: depth   scatter_add: rows   conv2d: stride, padding, dilation, groups
+                 one_hot: depth   scatter_add: rows   conv2d: stride, padding (or same), dilation, groups
                  max_pool2d/avg_pool2d: kernel, stride, padding, count_include_pad
                  layer_norm: eps, normalized_dims   batch_norm_training/_inference: eps   dropout: rate
   --modes M      which rows: eager (one call per iteration), traced (trace(), graph passes off),

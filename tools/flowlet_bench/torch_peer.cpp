@@ -132,9 +132,15 @@ TorchFn torch_fn(std::string_view op, const Attributes& a) {
   }
   if (op == "conv2d") {
     const auto stride = pair_of(a.get_ints("stride", {1}));
-    const auto padding = pair_of(a.get_ints("padding", {0}));
+    const bool same = a.get_string("padding", "") == "same";
+    const auto padding = same ? std::vector<int64_t>{0, 0} : pair_of(a.get_ints("padding", {0}));
     const auto dilation = pair_of(a.get_ints("dilation", {1}));
     const int64_t groups = a.get_int("groups", 1);
+    if (same) {  // libtorch takes "same" for stride 1 only (and refuses the rest itself)
+      return [=](V x) {
+        return at::conv2d(x[0], x[1], x.size() > 2 ? x[2] : at::Tensor(), stride, "same", dilation, groups);
+      };
+    }
     return [=](V x) {
       return at::conv2d(x[0], x[1], x.size() > 2 ? x[2] : at::Tensor(), stride, padding, dilation, groups);
     };
