@@ -3,9 +3,11 @@
 
 DEPS := meson ninja-build pkg-config xtensor-dev xtl-dev libxsimd-dev libfmt-dev \
         doctest-dev libopenblas-dev ccache g++ python3 gzip zlib1g-dev \
-        libopenmpi-dev openmpi-bin
+        libopenmpi-dev openmpi-bin libdlpack-dev libbenchmark-dev
 DEMO_PACKAGES := dataset-fashion-mnist
 BENCH_PACKAGES := libtorch-dev
+# tests/test_dlpack_torch.cpp exchanges tensors with libtorch; built only when it is installed.
+TEST_PACKAGES := libtorch-dev
 # libFuzzer ships in clang's runtime package (libclang_rt.fuzzer-x86_64.a).
 FUZZ_PACKAGES := clang libclang-rt-14-dev
 FUZZ_SECONDS ?= 30
@@ -38,6 +40,7 @@ build: deps
 	@meson compile -C $(RELEASE)
 
 test: deps
+	@bash scripts/install_deps.sh --optional $(TEST_PACKAGES)
 	@$(call configure,$(RELEASE),$(RELEASE_OPTIONS))
 	@bash scripts/run_tests.sh $(RELEASE) 2
 
@@ -52,7 +55,8 @@ bench: deps
 	-@bash benchmarks/peers/setup_tf_venv.sh  # the TensorFlow peer's venv (build/tf-venv); never fatal
 	@$(call configure,build/bench,--buildtype=release -Dbenchmarks=enabled -Dtests=false)
 	@meson compile -C build/bench
-	@bash scripts/run_benchmarks.sh build/bench
+	@bash scripts/run_benchmarks.sh build/bench; status=$$?; \
+	  bash tools/flowlet_bench/op_benchmarks.sh build/bench || status=1; exit $$status
 
 asan: deps
 	@$(call configure,build/asan,-Db_sanitize=address$(comma)undefined $(SANITIZER_OPTIONS))
