@@ -4,13 +4,14 @@
 # lives only in this venv, which only the benchmarks use (the C++ benchmarks use Debian's libtorch).
 # Usage: benchmarks/peers/setup_torch_venv.sh [VENV_DIR]   (default: build/torch-venv under the source root)
 # Environment: PYTHON (default python3) is the interpreter the venv is made from; TORCH_INDEX_URL
-# (default PyTorch's CPU wheel index, whose wheels carry no CUDA libraries) where pip looks for torch.
+# (default: PyPI, whose Linux wheel also pulls NVIDIA's CUDA runtime wheels, about 3 GB, which the
+# CPU runs here never load) where pip looks for torch; a CPU-only wheel index is much smaller.
 # Always exits 0 when PyTorch cannot be installed (index unreachable, no wheel for this Python):
 # torch_cnn.py then says "PyTorch peer: not available".
 set -uo pipefail
 
 TORCH_VERSION=2.5.1   # CPU wheels exist for CPython 3.9 to 3.13
-TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://pypi.org/simple}
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 venv=${1:-$root/build/torch-venv}
@@ -40,9 +41,9 @@ if [[ ! -x "$venv/bin/python" ]]; then
   "$python" -m venv "$venv" || { rm -rf "$venv"; give_up "python3 -m venv $venv failed"; }
 fi
 
-say "installing torch==$TORCH_VERSION (CPU) into $venv (about 200 MB the first time)"
+say "installing torch==$TORCH_VERSION into $venv from $TORCH_INDEX_URL (up to 3 GB the first time)"
 if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --timeout 30 --retries 2 \
-       --index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple "torch==$TORCH_VERSION" numpy; then
+       --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION" numpy; then
   give_up "pip could not install torch==$TORCH_VERSION from $TORCH_INDEX_URL"
 fi
 if ! version=$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null); then
