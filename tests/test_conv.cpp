@@ -1,2 +1,299 @@
-// Placeholder: filled by its part of issue 15.
-#include <doctest/doctest.h>
+// Convolutions and pooling (flowlet/ops/conv.hpp): conv2d against a naive f64 loop over strides,
+// paddings ("same" with stride 2, asymmetric), dilations, groups (depthwise too), bias and the relu
+// activation, on shapes big enough to split over threads; gradients of every conv and pooling op
+// by central finite differences in f64 (the shared cases of support/conv_grad_cases.hpp plus the
+// relu activation); pooling on hand-worked cases (tie rule, ceil_mode, count_include_pad); traced
+// against eager; and the error paths the op table does not reach.
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../src/ops/conv_attrs.hpp"  // white-box: the relu activation only the fusion pass sets
+#include "flowlet/trace.hpp"
+#include "support/conv_reference.hpp"
+#include "support/gradient_check.hpp"
+#include "support/reference.hpp"
+
+using test::check_op_throws;
+using test::check_tensor;
+
+namespace {
+
+conv_ref::Image image_of(const fl::Tensor& t) {
+  return {test::values(t), std::vector<int64_t>(t.shape().begin(), t.shape().end())};
+}
+
+struct ConvCase {
+  std::string label;
+  fl::Shape x, w;
+  fl::Conv2dOptions options;
+  bool bias = false;
+  conv_ref::ConvSpec spec;  // the same convolution with explicit pads
+};
+
+std::vector<ConvCase> conv_cases() {
+  using P = fl::Padding;
+  return {
+      {"3x3", {2, 3, 6, 5}, {4, 3, 3, 3}, {}, false, {}},
+      {"stride 2, padding 1, bias", {2, 3, 7, 8}, {5, 3, 3, 3}, {.stride = 2, .padding = 1}, true,
+       {.stride_h = 2, .stride_w = 2, .pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1}},
+      // same with stride 2: H 7 -> 4 (total pad (4-1)*2+3-7 = 2: 1 and 1), W 8 -> 4 (total 1: 0 and 1)
+      {"same, stride 2", {1, 2, 7, 8}, {3, 2, 3, 3}, {.stride = 2, .padding = P::same()}, false,
+       {.stride_h = 2, .stride_w = 2, .pad_top = 1, .pad_bottom = 1, .pad_left = 0, .pad_right = 1}},
+      // same, stride 1, kernel 4x2: total pads 3 (1 and 2) and 1 (0 and 1)
+      {"same, even kernel", {1, 2, 5, 6}, {2, 2, 4, 2}, {.padding = P::same()}, true,
+       {.pad_top = 1, .pad_bottom = 2, .pad_left = 0, .pad_right = 1}},
+      {"asymmetric padding", {2, 2, 5, 6}, {3, 2, 3, 2}, {.padding = P::explicit_sides(2, 0, 1, 3)}, false,
+       {.pad_top = 2, .pad_bottom = 0, .pad_left = 1, .pad_right = 3}},
+      {"dilation 2x3, stride 1x2", {1, 3, 9, 10}, {2, 3, 3, 3}, {.stride = {1, 2}, .padding = {2, 1}, .dilation = {2, 3}}, true,
+       {.stride_h = 1, .stride_w = 2, .pad_top = 2, .pad_bottom = 2, .pad_left = 1, .pad_right = 1, .dilation_h = 2,
+        .dilation_w = 3}},
+      {"groups 2", {2, 4, 6, 6}, {6, 2, 3, 3}, {.padding = 1, .groups = 2}, true,
+       {.pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1, .groups = 2}},
+      {"depthwise, stride 2", {2, 5, 7, 7}, {5, 1, 3, 3}, {.stride = 2, .padding = 1, .groups = 5}, true,
+       {.stride_h = 2, .stride_w = 2, .pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1, .groups = 5}},
+      {"depthwise multiplier 2", {1, 3, 5, 5}, {6, 1, 3, 3}, {.groups = 3}, false, {.groups = 3}},
+      {"1x1", {3, 8, 5, 4}, {6, 8, 1, 1}, {}, true, {}},
+      {"1x1 stride 2", {2, 8, 5, 4}, {6, 8, 1, 1}, {.stride = 2}, false, {.stride_h = 2, .stride_w = 2}},
+      {"1x1 padded", {1, 4, 3, 3}, {2, 4, 1, 1}, {.padding = 1}, false,
+       {.pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1}},
+      {"kernel covers the input", {2, 2, 3, 4}, {3, 2, 3, 4}, {}, true, {}},
+      // Big enough that the work splits over the pool (several images per chunk, both kernels).
+      {"threaded 3x3", {6, 16, 14, 14}, {24, 16, 3, 3}, {.padding = 1}, true,
+       {.pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1}},
+      {"threaded 1x1", {4, 64, 14, 14}, {32, 64, 1, 1}, {}, false, {}},
+      {"threaded groups 4", {3, 32, 12, 12}, {32, 8, 3, 3}, {.stride = 2, .padding = 1, .groups = 4}, false,
+       {.stride_h = 2, .stride_w = 2, .pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1, .groups = 4}},
+  };
+}
+
+fl::Tensor run_conv(const ConvCase& c, const fl::Tensor& x, const fl::Tensor& w, const fl::Tensor& b) {
+  return c.bias ? fl::conv2d(x, w, b, c.options) : fl::conv2d(x, w, c.options);
+}
+
+// conv2d with the op's relu activation, through the op as the fusion pass would call it.
+fl::Tensor conv2d_relu(const fl::Tensor& x, const fl::Tensor& w, const fl::Tensor& b, const conv_ref::ConvSpec& s) {
+  fl::detail::Conv2dAttrs a;
+  a.stride_h = s.stride_h, a.stride_w = s.stride_w, a.dilation_h = s.dilation_h, a.dilation_w = s.dilation_w;
+  a.pad_top = s.pad_top, a.pad_bottom = s.pad_bottom, a.pad_left = s.pad_left, a.pad_right = s.pad_right;
+  a.groups = s.groups;
+  a.activation = fl::detail::ConvActivation::relu;
+  const std::vector<fl::Tensor> in = b.defined() ? std::vector<fl::Tensor>{x, w, b} : std::vector<fl::Tensor>{x, w};
+  return fl::dispatch(*fl::find_op("conv2d"), in, &a);
+}
+
+}  // namespace
+
+TEST_CASE("conv2d matches the naive loop over strides, paddings, dilations, groups and bias") {
+  uint64_t seed = 10;
+  for (const ConvCase& c : conv_cases()) {
+    for (fl::DType dt : {fl::f64, fl::f32}) {
+      INFO(c.label, " ", fl::dtype_name(dt));
+      const fl::Tensor x = test::random_tensor(c.x, seed, dt), w = test::random_tensor(c.w, seed + 1, dt);
+      const fl::Tensor b = test::random_tensor({c.w[0]}, seed + 2, dt);
+      const std::vector<double> bias = test::values(b);
+      const conv_ref::Image want = conv_ref::conv2d(image_of(x), image_of(w), c.bias ? &bias : nullptr, c.spec);
+      const test::Tolerance tol = dt == fl::f64 ? test::Tolerance{1e-12, 1e-12} : test::Tolerance{1e-5, 1e-5};
+      check_tensor(run_conv(c, x, w, b), want.values, fl::Shape(want.dims), dt, tol);
+      // The relu activation is applied after the bias.
+      conv_ref::ConvSpec relu_spec = c.spec;
+      relu_spec.relu = true;
+      const conv_ref::Image want_relu = conv_ref::conv2d(image_of(x), image_of(w), c.bias ? &bias : nullptr, relu_spec);
+      check_tensor(conv2d_relu(x, w, c.bias ? b : fl::Tensor(), c.spec), want_relu.values, fl::Shape(want_relu.dims), dt, tol);
+    }
+    seed += 3;
+  }
+}
+
+TEST_CASE("conv2d on a hand-worked case: a 2x2 sum filter with stride 2 and same padding") {
+  // x 1x1x3x3 = 1..9; same with stride 2 gives 2x2 outputs, total pad 1 per axis, all at the end.
+  const fl::Tensor x = test::make({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3}, fl::f64);
+  const fl::Tensor w = test::make({1, 1, 1, 1}, {1, 1, 2, 2}, fl::f64);
+  check_tensor(fl::conv2d(x, w, {.stride = 2, .padding = fl::Padding::same()}), {12, 9, 15, 9}, {1, 1, 2, 2}, fl::f64);
+  // The two-integer overload: stride 1, padding 1.
+  check_tensor(fl::conv2d(x, w, 1, 1), {1, 3, 5, 3, 5, 12, 16, 9, 11, 24, 28, 15, 7, 15, 17, 9}, {1, 1, 4, 4}, fl::f64);
+}
+
+TEST_CASE("conv2d, its backward ops and pooling match central finite differences in f64") {
+  const auto builders = test::gradient::build_cases();
+  int cases = 0;
+  for (const char* name :
+       {"conv2d", "conv2d_backward_input", "conv2d_backward_weight", "max_pool2d", "avg_pool2d", "avg_pool2d_backward"}) {
+    for (const test::gradient::GradCase& c : builders.at(name)()) {
+      INFO(name, ": ", c.label);
+      test::gradient::check_case(c);
+      ++cases;
+    }
+  }
+  CHECK(cases >= 30);
+}
+
+TEST_CASE("conv2d's relu activation passes the gradient only where the output is positive") {
+  for (bool with_bias : {false, true}) {
+    INFO("bias ", with_bias);
+    const conv_ref::ConvSpec spec{.stride_h = 2, .stride_w = 1, .pad_top = 1, .pad_bottom = 0, .pad_left = 1, .pad_right = 1};
+    test::gradient::Inputs in{test::gradient::f64_input({2, 2, 5, 5}, 60), test::gradient::f64_input({3, 2, 3, 3}, 61)};
+    if (with_bias) in.push_back(test::gradient::f64_input({3}, 62));
+    test::gradient::check_case(test::gradient::all_floating("relu", in, [spec](const test::gradient::Inputs& t) {
+      return conv2d_relu(t[0], t[1], t.size() == 3 ? t[2] : fl::Tensor(), spec);
+    }));
+  }
+}
+
+TEST_CASE("second-order: the gradient of conv2d's input gradient wrt w, through nested tapes") {
+  // loss(w) = sum(dx * v) where dx = d/dx sum(conv2d(x, w) * u): linear in w, so its gradient is
+  // the same for any w, and finite differences are exact up to rounding.
+  const fl::Tensor x = test::gradient::f64_input({1, 2, 5, 5}, 70);
+  const fl::Tensor u = test::gradient::f64_input({1, 3, 3, 3}, 71);
+  const fl::Tensor v = test::gradient::f64_input({1, 2, 5, 5}, 72);
+  const fl::Tensor w = test::gradient::f64_input({3, 2, 3, 3}, 73);
+  auto loss = [&](const fl::Tensor& weights) {
+    fl::GradientTape inner;
+    inner.watch(x);
+    const fl::Tensor dx = inner.gradient(fl::sum(fl::conv2d(x, weights, {.stride = 2, .padding = 1}) * u), std::vector<fl::Tensor>{x})[0];
+    return fl::sum(dx * v);
+  };
+  fl::GradientTape outer;
+  outer.watch(w);
+  const fl::Tensor g = outer.gradient(loss(w), std::vector<fl::Tensor>{w})[0];
+  const std::vector<double> numeric = test::gradient::central_differences(test::values(w), 1e-6, [&](const std::vector<double>& moved) {
+    return test::values(loss(test::make(moved, w.shape(), fl::f64)))[0];
+  });
+  check_tensor(g, numeric, w.shape(), fl::f64, test::Tolerance{1e-6, 1e-6});
+}
+
+TEST_CASE("pooling on hand-worked cases") {
+  const fl::Tensor x = test::make({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, {1, 1, 4, 4}, fl::f64);
+  check_tensor(fl::max_pool2d(x, 2), {6, 8, 14, 16}, {1, 1, 2, 2}, fl::f64);
+  check_tensor(fl::avg_pool2d(x, 2), {3.5, 5.5, 11.5, 13.5}, {1, 1, 2, 2}, fl::f64);
+  // 3x3 windows, stride 1, padding 1: padding never wins a max; the average counts real elements only.
+  check_tensor(fl::max_pool2d(x, {.kernel = 3, .stride = 1, .padding = 1}),
+               {6, 7, 8, 8, 10, 11, 12, 12, 14, 15, 16, 16, 14, 15, 16, 16}, {1, 1, 4, 4}, fl::f64);
+  check_tensor(fl::avg_pool2d(x, {.kernel = 3, .stride = 1, .padding = 1}),
+               {3.5, 4, 5, 5.5, 5.5, 6, 7, 7.5, 9.5, 10, 11, 11.5, 11.5, 12, 13, 13.5}, {1, 1, 4, 4}, fl::f64);
+  // Negative values with padding: the max is the largest real element, not the padded zero.
+  const fl::Tensor neg = test::make({-1, -2, -3, -4}, {1, 1, 2, 2}, fl::f64);
+  check_tensor(fl::max_pool2d(neg, {.kernel = 2, .stride = 1, .padding = 1}), {-1, -1, -2, -1, -1, -2, -3, -3, -4},
+               {1, 1, 3, 3}, fl::f64);
+  // global average pooling: the mean of each plane.
+  check_tensor(fl::global_avg_pool2d(fl::concat({x, x * 2.0}, 1)), {8.5, 17}, {1, 2}, fl::f64);
+}
+
+TEST_CASE("max_pool2d sends each window's gradient to its first maximum") {
+  // Ties everywhere: windows of 2x2 ones, overlapping (stride 1); each window's first element wins.
+  const fl::Tensor x = fl::ones(fl::Shape{1, 1, 3, 3}, fl::f64);
+  fl::GradientTape tape;
+  tape.watch(x);
+  const fl::Tensor y = fl::max_pool2d(x, {.kernel = 2, .stride = 1});
+  const fl::Tensor g = tape.gradient(fl::sum(y * test::make({1, 10, 100, 1000}, {1, 1, 2, 2}, fl::f64)), std::vector<fl::Tensor>{x})[0];
+  check_tensor(g, {1, 10, 0, 100, 1000, 0, 0, 0, 0}, {1, 1, 3, 3}, fl::f64);
+  // A later strictly larger element takes the window; equal later ones do not.
+  const fl::Tensor z = test::make({3, 5, 5, 1}, {1, 1, 2, 2}, fl::f64);
+  fl::GradientTape tape2;
+  tape2.watch(z);
+  check_tensor(tape2.gradient(fl::sum(fl::max_pool2d(z, 2)), std::vector<fl::Tensor>{z})[0], {0, 1, 0, 0}, {1, 1, 2, 2}, fl::f64);
+}
+
+TEST_CASE("pooling with ceil_mode and count_include_pad") {
+  std::vector<double> v(25);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i);
+  const fl::Tensor x = test::make(v, {1, 1, 5, 5}, fl::f64);
+  // Floor: 2x2 windows; ceil: a third, partial row and column of windows.
+  CHECK(fl::max_pool2d(x, 2).shape() == fl::Shape{1, 1, 2, 2});
+  check_tensor(fl::max_pool2d(x, {.kernel = 2, .ceil_mode = true}), {6, 8, 9, 16, 18, 19, 21, 23, 24}, {1, 1, 3, 3}, fl::f64);
+  check_tensor(fl::avg_pool2d(x, {.kernel = 2, .ceil_mode = true}), {3, 5, 6.5, 13, 15, 16.5, 20.5, 22.5, 24}, {1, 1, 3, 3},
+               fl::f64);
+  // A window that would start in the bottom padding is dropped: 4 + 2*1 - 3 = 3, ceil(3/2)+1 = 3,
+  // and the third window starts at row 3 (inside), so 3 stays; with padding 0 on 4: (4-3)/2 -> 2.
+  const fl::Tensor ones = fl::ones(fl::Shape{1, 1, 4, 4}, fl::f64);
+  // count_include_pad counts the explicit padding, never ceil_mode's extra rows (as PyTorch):
+  // window (2, 2) covers rows 3..5 of which row 4 is padding and row 5 is past it: divisor 2x2.
+  check_tensor(fl::avg_pool2d(ones, {.kernel = 3, .stride = 2, .padding = 1, .ceil_mode = true, .count_include_pad = true}),
+               {4.0 / 9, 6.0 / 9, 2.0 / 6, 6.0 / 9, 1, 3.0 / 6, 2.0 / 6, 3.0 / 6, 1.0 / 4}, {1, 1, 3, 3}, fl::f64);
+  check_tensor(fl::avg_pool2d(ones, {.kernel = 3, .stride = 2, .padding = 1, .ceil_mode = true}),
+               {1, 1, 1, 1, 1, 1, 1, 1, 1}, {1, 1, 3, 3}, fl::f64);
+  // The last ceil window must start inside the input: 5 with kernel 2, stride 3, ceil -> 2 windows.
+  CHECK(fl::max_pool2d(fl::zeros(fl::Shape{1, 1, 5, 5}), {.kernel = 2, .stride = 3, .ceil_mode = true}).shape() == fl::Shape{1, 1, 2, 2});
+  CHECK(fl::max_pool2d(fl::zeros(fl::Shape{1, 1, 4, 4}), {.kernel = 2, .stride = 3, .padding = 1, .ceil_mode = true}).shape() ==
+        fl::Shape{1, 1, 2, 2});
+}
+
+TEST_CASE("pooling matches the naive loop on random inputs, f32 and f64, threaded") {
+  const std::vector<fl::Pool2dOptions> options = {
+      {.kernel = 2},
+      {.kernel = 3, .stride = 2, .padding = 1},
+      {.kernel = 3, .stride = 2, .ceil_mode = true},
+      {.kernel = {3, 2}, .stride = {1, 2}, .padding = {1, 0}, .count_include_pad = true},
+      {.kernel = 3, .stride = 2, .padding = 1, .ceil_mode = true, .count_include_pad = true},
+  };
+  uint64_t seed = 90;
+  for (const fl::Pool2dOptions& o : options) {
+    for (fl::DType dt : {fl::f64, fl::f32}) {
+      const fl::Tensor x = test::random_tensor({8, 16, 15, 13}, seed++, dt);
+      conv_ref::PoolSpec s{o.kernel.h, o.kernel.w, o.stride.h == 0 ? o.kernel.h : o.stride.h,
+                           o.stride.w == 0 ? o.kernel.w : o.stride.w, o.padding.top, o.padding.bottom, o.padding.left,
+                           o.padding.right, o.ceil_mode, o.count_include_pad};
+      for (bool max : {true, false}) {
+        INFO("kernel ", o.kernel.h, "x", o.kernel.w, " max ", max, " ", fl::dtype_name(dt));
+        const conv_ref::Image want = conv_ref::pool2d(image_of(x), s, max);
+        check_tensor(max ? fl::max_pool2d(x, o) : fl::avg_pool2d(x, o), want.values, fl::Shape(want.dims), dt,
+                     test::Tolerance{1e-6, 1e-6});
+      }
+    }
+  }
+}
+
+TEST_CASE("traced conv and pooling, with their gradients, equal the eager calls") {
+  const fl::Tensor x = test::random_tensor({4, 3, 12, 12}, 30);
+  const fl::Tensor w = test::random_tensor({8, 3, 3, 3}, 31);
+  const fl::Tensor b = test::random_tensor({8}, 32);
+  auto step = [](fl::Tensor x, fl::Tensor w, fl::Tensor b) {
+    fl::GradientTape tape;
+    tape.watch(x);
+    tape.watch(w);
+    tape.watch(b);
+    const fl::Tensor h = fl::relu(fl::conv2d(x, w, b, {.stride = 1, .padding = fl::Padding::same()}));
+    const fl::Tensor p = fl::avg_pool2d(fl::max_pool2d(h, {.kernel = 3, .stride = 2, .ceil_mode = true}), 2);
+    const fl::Tensor loss = fl::sum(fl::global_avg_pool2d(p) * fl::global_avg_pool2d(p));
+    const std::vector<fl::Tensor> g = tape.gradient(loss, std::vector<fl::Tensor>{x, w, b});
+    return std::tuple<fl::Tensor, fl::Tensor, fl::Tensor, fl::Tensor>{loss, g[0], g[1], g[2]};
+  };
+  auto traced = fl::trace(step);
+  const auto [l1, gx1, gw1, gb1] = step(x, w, b);
+  const auto [l2, gx2, gw2, gb2] = traced(x, w, b);
+  check_tensor(l2, test::values(l1), l1.shape(), fl::f32, test::Tolerance{1e-6, 1e-7});
+  check_tensor(gx2, test::values(gx1), gx1.shape(), fl::f32, test::Tolerance{1e-6, 1e-7});
+  check_tensor(gw2, test::values(gw1), gw1.shape(), fl::f32, test::Tolerance{1e-6, 1e-7});
+  check_tensor(gb2, test::values(gb1), gb1.shape(), fl::f32, test::Tolerance{1e-6, 1e-7});
+}
+
+TEST_CASE("conv and pooling errors name the op and what is wrong") {
+  const fl::Tensor x = fl::zeros(fl::Shape{1, 2, 5, 5});
+  const fl::Tensor w = fl::zeros(fl::Shape{3, 2, 3, 3});
+  check_op_throws<fl::InvalidArgument>("conv2d", [&] { (void)fl::conv2d(fl::Tensor(), w); });
+  check_op_throws<fl::InvalidArgument>("conv2d", [&] { (void)fl::conv2d(x, fl::Tensor(), {.padding = fl::Padding::same()}); });
+  check_op_throws<fl::ShapeError>("conv2d", [&] { (void)fl::conv2d(fl::zeros(fl::Shape{2, 5, 5}), w, {.padding = fl::Padding::same()}); },
+                                  {"[2, 5, 5]"});
+  check_op_throws<fl::InvalidArgument>("conv2d", [&] { (void)fl::conv2d(x, w, {.stride = {2, -1}, .padding = fl::Padding::same()}); },
+                                       {"stride", "[2, -1]"});
+  check_op_throws<fl::ShapeError>("conv2d", [&] { (void)fl::conv2d(x, w, fl::zeros(fl::Shape{3, 1})); }, {"bias", "[3, 1]"});
+  check_op_throws<fl::DTypeError>("conv2d", [&] { (void)fl::conv2d(x, w, fl::zeros(fl::Shape{3}, fl::f64)); }, {"f32", "f64"});
+  check_op_throws<fl::DTypeError>("conv2d", [&] { (void)fl::conv2d(fl::zeros(fl::Shape{1, 2, 5, 5}, fl::bf16), fl::zeros(fl::Shape{3, 2, 3, 3}, fl::bf16)); },
+                                  {"bf16", "f32, f64"});
+  check_op_throws<fl::ShapeError>("max_pool2d", [&] { (void)fl::max_pool2d(fl::zeros(fl::Shape{5, 5}), 2); }, {"[5, 5]"});
+  check_op_throws<fl::ShapeError>("avg_pool2d", [&] { (void)fl::avg_pool2d(fl::zeros(fl::Shape{1, 1, 1, 5}), 2); },
+                                  {"larger", "[1, 1, 1, 5]"});
+  check_op_throws<fl::InvalidArgument>("avg_pool2d",
+                                       [&] { (void)fl::avg_pool2d(x, {.kernel = 2, .padding = fl::Padding::explicit_sides(0, 3, 0, 0)}); },
+                                       {"wholly in the padding"});
+  check_op_throws<fl::DTypeError>("max_pool2d", [&] { (void)fl::max_pool2d(fl::zeros(fl::Shape{1, 1, 4, 4}, fl::i64), 2); }, {"i64"});
+  check_op_throws<fl::ShapeError>("global_avg_pool2d", [&] { (void)fl::global_avg_pool2d(fl::zeros(fl::Shape{2, 3})); }, {"[2, 3]"});
+  check_op_throws<fl::DTypeError>("global_avg_pool2d", [&] { (void)fl::global_avg_pool2d(fl::zeros(fl::Shape{1, 1, 2, 2}, fl::i32)); },
+                                  {"i32"});
+  // The backward ops check what they are given too (a rule could pass them anything).
+  fl::detail::Conv2dBackwardAttrs bad{{}, 4, 4};  // input 4x4 with a 3x3 kernel gives 2x2, not 3x3
+  const std::vector<fl::Tensor> in{fl::zeros(fl::Shape{1, 3, 3, 3}), w};
+  check_op_throws<fl::ShapeError>("conv2d_backward_input", [&] { (void)fl::dispatch(*fl::find_op("conv2d_backward_input"), in, &bad); },
+                                  {"[1, 3, 3, 3]"});
+}

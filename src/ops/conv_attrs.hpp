@@ -63,9 +63,14 @@ struct Pool2dAttrs {
   int64_t stride_h = 2, stride_w = 2;
   int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;  // ceil_mode is folded into bottom/right
   bool count_include_pad = false;
+  // The rows (columns) ceil_mode added to pad_bottom (pad_right). count_include_pad counts the
+  // explicit padding only, as PyTorch does: a partial last window's divisor stops at the input's
+  // explicitly padded edge, pad_bottom - ceil_h (pad_right - ceil_w).
+  int64_t ceil_h = 0, ceil_w = 0;
   std::string describe() const {
-    return fmt::format("kernel=[{}, {}], stride=[{}, {}], pad=[{}, {}, {}, {}], count_include_pad={}", kernel_h,
-                       kernel_w, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right, count_include_pad);
+    return fmt::format("kernel=[{}, {}], stride=[{}, {}], pad=[{}, {}, {}, {}], count_include_pad={}, ceil=[{}, {}]",
+                       kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right,
+                       count_include_pad, ceil_h, ceil_w);
   }
 };
 

@@ -89,6 +89,13 @@ struct ToDeviceAttrsMirror {
 
 using Builder = std::function<std::vector<GradCase>()>;
 
+}  // namespace test::gradient
+
+// Issue 15's cases (conv2d and pooling), which need GradCase and the helpers above.
+#include "support/conv_grad_cases.hpp"
+
+namespace test::gradient {
+
 inline std::map<std::string, Builder> build_cases() {
   std::map<std::string, Builder> b;
   const Domain N = Domain::normal;
@@ -327,6 +334,7 @@ inline std::map<std::string, Builder> build_cases() {
         all_floating("[2, 3]", {f64_input({2, 3}, 711)}, [](const Inputs& in) { return fl::all_gather(in[0]); }),
         all_floating("a scalar", {f64_input({}, 712)}, [](const Inputs& in) { return fl::all_gather(in[0]); })};
   };
+  add_conv_cases(b);
   return b;
 }
 
