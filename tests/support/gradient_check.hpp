@@ -89,6 +89,8 @@ struct ToDeviceAttrsMirror {
 
 using Builder = std::function<std::vector<GradCase>()>;
 
+#include "support/gradient_cases_norm.inc"  // add_norm_gradient_cases (issue 15)
+
 }  // namespace test::gradient
 
 // Issue 15's cases (conv2d and pooling), which need GradCase and the helpers above.
@@ -335,6 +337,7 @@ inline std::map<std::string, Builder> build_cases() {
         all_floating("a scalar", {f64_input({}, 712)}, [](const Inputs& in) { return fl::all_gather(in[0]); })};
   };
   add_conv_cases(b);
+  add_norm_gradient_cases(b);
   return b;
 }
 
