@@ -126,7 +126,8 @@ void check_close(const fl::Tensor& got, const fl::Tensor& want, double tol = 1e-
 
 TEST_CASE("relu(conv2d) becomes one conv2d with activation relu, equal to eager, unfused and a naive loop") {
   for (const ConvCase& c : kCases) {
-    CAPTURE(c.name);
+    const std::string name = c.name;
+    CAPTURE(name);
     const fl::Tensor x = random(c.x, 1), w = random(c.w, 2), b = random(fl::Shape{c.w[0]}, 3);
     auto f = [&c](const fl::Tensor& xa, const fl::Tensor& wa, const fl::Tensor& ba) {
       return fl::relu(conv(xa, wa, ba, c));
@@ -153,7 +154,8 @@ TEST_CASE("relu(conv2d) becomes one conv2d with activation relu, equal to eager,
 
 TEST_CASE("training graph: relu's gradient reads the fused convolution's output; gradients equal eager and unfused") {
   for (const ConvCase& c : kCases) {
-    CAPTURE(c.name);
+    const std::string name = c.name;
+    CAPTURE(name);
     const fl::Tensor x = random(c.x, 11), w = random(c.w, 12), b = random(fl::Shape{c.w[0]}, 13);
     fl::Shape y_shape;
     (void)naive_conv(x, w, {}, c.options, y_shape);
@@ -180,7 +182,7 @@ TEST_CASE("training graph: relu's gradient reads the fused convolution's output;
     for (size_t i = 0; i < got.size(); ++i) check_close(got[i], eager[i], 1e-11);
     ConvFusionSetting off(false);
     auto unfused = fl::trace(step);
-    CHECK(count_ops(unfused.graph(x, w, b), "relu") == 1);
+    CHECK(conv_activations(unfused.graph(x, w, b)) == std::vector{Act::none});  // (its relu may join a fused node)
     const Tensors plain = unfused(x, w, b);
     for (size_t i = 0; i < got.size(); ++i) check_close(got[i], plain[i], 1e-11);
   }
@@ -237,7 +239,8 @@ TEST_CASE("relu(conv2d) stays unfused when the convolution's output has another 
 
 TEST_CASE("batch_norm_inference(conv2d) folds into the convolution's weight and bias") {
   for (const ConvCase& c : kCases) {
-    CAPTURE(c.name);
+    const std::string name = c.name;
+    CAPTURE(name);
     const int64_t o = c.w[0];
     const fl::Tensor x = random(c.x, 31), w = random(c.w, 32), b = random(fl::Shape{o}, 33);
     const fl::Tensor gamma = random({o}, 34, 0.5, 2.0), beta = random({o}, 35), mean = random({o}, 36);
