@@ -2,11 +2,14 @@
 // benchmarks/training/ and, layer for layer, benchmarks/peers/torch_cnn.py), and test accuracy
 // measured with a traced function in inference mode.
 //
-//   [N, 784] -> [N, 1, 28, 28] -> conv 5x5, 32, same -> relu -> max pool 2 -> conv 5x5, 64, same
-//   -> relu -> max pool 2 -> [N, 3136] -> dense 10 (logits)
+//   [N, 784] -> [N, 1, 28, 28] -> conv 5x5, 32, same -> batch norm -> relu -> max pool 2
+//   -> conv 5x5, 64, same -> batch norm -> relu -> max pool 2 -> [N, 3136] -> dense 10 (logits)
 //
-// Convolutions start from uniform(+-1/sqrt(fan_in)) (PyTorch's default), the dense layer from
-// Glorot's uniform with zero bias; the peer script draws the same way.
+// Batch norm makes Adam reach 0.91 in fewer epochs; the convolutions have no bias (the norm's beta
+// is one). In the inference graph the conv fusion pass folds each norm into its convolution and
+// the relu into it too, so evaluation runs two convolutions, two pools and a matmul. Convolutions
+// start from uniform(+-1/sqrt(fan_in)) (PyTorch's default), the dense layer from Glorot's uniform
+// with zero bias; the peer script draws the same way.
 #pragma once
 
 #include <algorithm>
@@ -28,9 +31,12 @@ inline void build_cnn(flowlet::nn::Sequential& model, uint64_t seed) {
   namespace fl = flowlet;
   const fl::Conv2dOptions same{.padding = fl::Padding::same()};
   model.add([](const fl::Tensor& x) { return fl::reshape(x, fl::Shape{x.shape()[0], 1, 28, 28}); });
-  model.add<fl::nn::Conv2d>(1, kCnnFirstChannels, fl::Size2{5}, seed, same, "conv1");
+  model.add<fl::nn::Conv2d>(1, kCnnFirstChannels, fl::Size2{5}, seed, same, "conv1", /*has_bias=*/false);
+  model.add<fl::nn::BatchNorm2d>(kCnnFirstChannels, 0.1, 1e-5, "norm1");
   model.add([](const fl::Tensor& x) { return fl::max_pool2d(fl::relu(x), 2); });
-  model.add<fl::nn::Conv2d>(kCnnFirstChannels, kCnnSecondChannels, fl::Size2{5}, seed + 1, same, "conv2");
+  model.add<fl::nn::Conv2d>(kCnnFirstChannels, kCnnSecondChannels, fl::Size2{5}, seed + 1, same, "conv2",
+                            /*has_bias=*/false);
+  model.add<fl::nn::BatchNorm2d>(kCnnSecondChannels, 0.1, 1e-5, "norm2");
   model.add([](const fl::Tensor& x) { return fl::max_pool2d(fl::relu(x), 2); });
   model.add<fl::nn::Flatten>();
   model.add<fl::nn::Linear>(kCnnSecondChannels * 7 * 7, 10, seed + 2, "logits");

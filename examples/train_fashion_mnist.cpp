@@ -9,7 +9,7 @@
 //
 //   train_fashion_mnist [--model mlp|cnn] [--epochs N] [--batch-size B] [--lr X] [--seed S]
 //                       [--resume] [--eager] [--compare-steps N] [--max-steps N] [--target A]
-//                       [--test-examples N] [--out DIR] [--data DIR]
+//                       [--test-examples N] [--stop-at-target] [--out DIR] [--data DIR]
 // --max-steps: at most N steps per epoch; --test-examples: evaluate on the first N test images
 // (short runs: the example's test, examples/demo_cnn_check.py).
 #include <chrono>
@@ -38,6 +38,7 @@ struct Options : examples::TrainingOptions {  // epochs, batch_size, lr, seed, d
   bool resume = false;
   int64_t max_steps = 0;      // steps per epoch at most (0: all)
   int64_t test_examples = 0;  // evaluate on the first N test images (0: all)
+  bool stop_at_target = false;  // end after the first epoch at the target (time-to-accuracy runs)
   double target = 0.0;        // 0: the model's default (cnn 0.91, mlp 0.88)
   bool eager = false;       // --eager: run the training step eagerly instead of as a traced graph
   int compare_steps = -1;   // steps timed both ways on a scratch model before training (0: skip; default mlp 100, cnn 20)
@@ -54,6 +55,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--max-steps") o.max_steps = std::stoll(value());
     else if (arg == "--target") o.target = std::stod(value());
     else if (arg == "--test-examples") o.test_examples = std::stoll(value());
+    else if (arg == "--stop-at-target") o.stop_at_target = true;
     else if (arg == "--resume") o.resume = true;
     else if (arg == "--eager") o.eager = true;
     else if (arg == "--compare-steps") o.compare_steps = std::stoi(value());
@@ -155,7 +157,7 @@ int run(const Options& o) {
   trace_options.name = "training step";
   auto traced_step = fl::trace(eager_step, trace_options);
   examples::TracedAccuracy accuracy(model);  // traced in inference mode at its first call
-  fmt::print("model: {}\n", o.cnn() ? "CNN conv5x5(32)-pool-conv5x5(64)-pool-dense(10)" : "MLP 784-256-10");
+  fmt::print("model: {}\n", o.cnn() ? "CNN conv5x5(32)-bn-relu-pool-conv5x5(64)-bn-relu-pool-dense(10)" : "MLP 784-256-10");
   fmt::print("training step: {}\n", o.eager ? "eager (--eager)" : "traced into a graph (--eager to compare)");
   std::vector<examples::Series> curves{{"train loss", "#d62728", {}}, {"test accuracy", "#1f77b4", {}}};
   const std::string stem = o.out + (o.cnn() ? "/fashion_mnist_cnn" : "/fashion_mnist");
@@ -199,6 +201,7 @@ int run(const Options& o) {
     curves[0].values.push_back(train_loss);
     curves[1].values.push_back(final_accuracy);
     checkpoints.save(state, epoch);
+    if (o.stop_at_target && reached) break;
   }
   const double total = seconds_since(start);
   examples::write_svg_chart(stem + ".svg",

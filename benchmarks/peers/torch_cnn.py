@@ -4,8 +4,8 @@
 Both figures come from one run of this script on the same machine and data (Debian's
 dataset-fashion-mnist), with the same thread count (torch.set_num_threads(N) and
 FLOWLET_NUM_THREADS=N, default 2): PyTorch trains the same model (examples/fashion_mnist_cnn.hpp:
-conv 5x5 32 same - relu - max pool 2 - conv 5x5 64 same - relu - max pool 2 - dense 10), the same
-initialisation scheme (convolutions PyTorch's default uniform(+-1/sqrt(fan_in)), the dense layer
+conv 5x5 32 same, no bias - batch norm - relu - max pool 2 - conv 5x5 64 same, no bias - batch norm
+- relu - max pool 2 - dense 10), the same initialisation scheme (convolutions PyTorch's default uniform(+-1/sqrt(fan_in)), the dense layer
 Glorot uniform with zero bias), Adam with the same learning rate and batch size, a new shuffle per
 epoch and evaluation on the 10000 test images after every epoch in inference mode; then the
 script runs flowlet's demo as a subprocess and reads its CSV. Weights and batch order are not
@@ -16,7 +16,7 @@ evaluation at or above --target, evaluations included, as the demo does.
 
   build/torch-venv/bin/python benchmarks/peers/torch_cnn.py [--demo build/dev/examples/demo]
       [--epochs 3] [--target 0.91] [--threads 2] [--lr 1e-3] [--batch-size 128] [--skip-flowlet]
-      [--json out.json]
+      [--stop-at-target] [--json out.json]
 
 The venv comes from benchmarks/peers/setup_torch_venv.sh (CPU PyTorch from its wheel index).
 """
@@ -55,8 +55,8 @@ def torch_run(args):
     x_test, y_test = (torch.from_numpy(a) for a in load("test", args.data))
 
     model = nn.Sequential(
-        nn.Conv2d(1, 32, 5, padding="same"), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding="same"), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(1, 32, 5, padding="same", bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding="same", bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(64 * 7 * 7, 10))
     dense = model[-1]
     nn.init.xavier_uniform_(dense.weight)
@@ -95,6 +95,8 @@ def torch_run(args):
         epochs.append({"epoch": epoch, "train_loss": loss_sum / n, "test_accuracy": acc, "seconds": epoch_seconds})
         print(f"  torch   epoch {epoch}: loss {loss_sum / n:.4f}  test accuracy {acc:.4f}  ({epoch_seconds:.1f} s)",
               flush=True)
+        if reached and args.stop_at_target:
+            break
     return {"version": torch.__version__, "epochs": epochs, "reached": reached}
 
 
@@ -103,7 +105,7 @@ def flowlet_run(args):
     with tempfile.TemporaryDirectory(prefix="torch_cnn_flowlet_") as out:
         command = [args.demo, "--model", "cnn", "--epochs", str(args.epochs), "--lr", str(args.lr), "--batch-size",
                    str(args.batch_size), "--target", str(args.target), "--compare-steps", "0", "--out", out,
-                   "--data", args.data]
+                   "--data", args.data] + (["--stop-at-target"] if args.stop_at_target else [])
         print("  " + " ".join(command), flush=True)
         result = subprocess.run(command, env=env, capture_output=True, text=True)
         if result.returncode != 0:
@@ -132,6 +134,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--skip-flowlet", action="store_true")
+    parser.add_argument("--stop-at-target", action="store_true", help="end each run at its first epoch at the target")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
 
@@ -143,9 +146,10 @@ def main():
 
     print(f"CNN on Fashion-MNIST, {args.epochs} epochs, batch {args.batch_size}, Adam lr {args.lr}, "
           f"{args.threads} threads, target {args.target}", flush=True)
-    results = {"torch": torch_run(args)}
-    if not args.skip_flowlet:
+    results = {}
+    if not args.skip_flowlet:  # first: the demo's figures are the ones this script exists for
         results["flowlet"] = flowlet_run(args)
+    results["torch"] = torch_run(args)
 
     def mean_epoch(r):
         return sum(e["seconds"] for e in r["epochs"]) / len(r["epochs"])

@@ -1,5 +1,6 @@
-// The demo's CNN training step (examples/fashion_mnist_cnn.hpp: conv 5x5 32 same - relu - max pool
-// 2 - conv 5x5 64 same - relu - max pool 2 - dense 10; mean softmax cross-entropy; Adam lr 1e-3)
+// The demo's CNN training step (examples/fashion_mnist_cnn.hpp: conv 5x5 32 same - batch norm - relu
+// - max pool 2 - conv 5x5 64 same - batch norm - relu - max pool 2 - dense 10; mean softmax
+// cross-entropy; Adam lr 1e-3)
 // at batch 128, traced, against libtorch running the same model as a PyTorch user writes it
 // (ATen ops with requires_grad, loss.backward(), then PyTorch's single-tensor Adam update under
 // NoGradGuard), both on TWO threads, in one process. Also the traced step with the conv fusion pass
@@ -64,16 +65,22 @@ at::Tensor to_torch(const fl::Tensor& t) {
 }
 
 // The same CNN in ATen, starting from flowlet's initial weights (flowlet's dense weight is [in, out],
-// torch's [out, in]), with PyTorch's Adam (torch.optim.Adam, foreach=False) written out.
+// torch's [out, in]), batch norm in training mode updating running statistics as
+// torch.nn.BatchNorm2d does, and PyTorch's Adam (torch.optim.Adam, foreach=False) written out.
 struct TorchCnn {
-  std::vector<at::Tensor> params;  // conv1 w, b, conv2 w, b, dense w, b
+  std::vector<at::Tensor> params;  // conv1 w, norm1 gamma, beta, conv2 w, norm2 gamma, beta, dense w, b
+  std::vector<at::Tensor> running;  // norm1 mean, var, norm2 mean, var
   std::vector<at::Tensor> exp_avg, exp_avg_sq;
   int64_t steps = 0;
 
   explicit TorchCnn(const FlowletCnn& ours) {
+    for (const int64_t channels : {examples::kCnnFirstChannels, examples::kCnnSecondChannels}) {
+      running.push_back(at::zeros({channels}));
+      running.push_back(at::ones({channels}));
+    }
     for (size_t i = 0; i < ours.params.size(); ++i) {
       at::Tensor p = to_torch(ours.params[i].value());
-      if (i == 4) p = p.t().contiguous();
+      if (i == 6) p = p.t().contiguous();
       params.push_back(p.requires_grad_());
       exp_avg.push_back(at::zeros_like(p));
       exp_avg_sq.push_back(at::zeros_like(p));
@@ -82,9 +89,13 @@ struct TorchCnn {
 
   at::Tensor loss(const at::Tensor& images, const at::Tensor& labels) const {
     at::Tensor x = images.view({images.size(0), 1, 28, 28});
-    x = at::max_pool2d(at::relu(at::conv2d(x, params[0], params[1], 1, 2)), 2);
-    x = at::max_pool2d(at::relu(at::conv2d(x, params[2], params[3], 1, 2)), 2);
-    return at::cross_entropy_loss(at::linear(x.flatten(1), params[4], params[5]), labels);
+    for (size_t block = 0; block < 2; ++block) {
+      x = at::conv2d(x, params[3 * block], {}, 1, 2);
+      x = at::batch_norm(x, params[3 * block + 1], params[3 * block + 2], running[2 * block], running[2 * block + 1],
+                         /*training=*/true, /*momentum=*/0.1, /*eps=*/1e-5, /*cudnn_enabled=*/false);
+      x = at::max_pool2d(at::relu(x), 2);
+    }
+    return at::cross_entropy_loss(at::linear(x.flatten(1), params[6], params[7]), labels);
   }
 
   at::Tensor train_step(const at::Tensor& images, const at::Tensor& labels) {
