@@ -12,6 +12,7 @@
 #include "ops/internal.hpp"
 #include "ops/known_ops.hpp"
 #include "ops/registry.hpp"
+#include "ops/reshape_attrs.hpp"
 
 namespace flowlet {
 namespace detail {
@@ -30,11 +31,6 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
   }
   visit_bits(src.dtype(), [&]<class T>(TypeTag<T>) { map_elements<T, T>(dst, {&src}, [](T x) { return x; }); });
 }
-
-struct ReshapeAttrs {
-  Shape shape;
-  std::string describe() const { return fmt::format("shape={}", shape); }
-};
 
 Shape resolve_reshape(const Tensor& t, const Shape& requested) {
   Shape shape = requested;

@@ -53,6 +53,7 @@ PassOptions pass_options(const TraceOptions& options) {
   if (!options.optimize) {
     passes.simplify = passes.fold_constants = passes.eliminate_common_subexpressions = false;
     passes.fuse_variable_updates = false;
+    passes.fuse_convolutions = false;
   }
   return passes;
 }

@@ -18,6 +18,7 @@ struct PassOptions {
   bool eliminate_common_subexpressions = true;
   bool fuse_elementwise = true;
   bool fuse_variable_updates = true;
+  bool fuse_convolutions = true;  // also off when FLOWLET_CONV_FUSION=0
   // Write the graph (DOT and JSON) before the first pass and after every pass into this folder.
   // Empty: the environment variable FLOWLET_DUMP_GRAPHS decides (unset: no dumps).
   std::string dump_dir;
@@ -37,6 +38,11 @@ void eliminate_common_subexpressions(Graph& graph);
 void place(Graph& graph);
 // v -= scale * (a @ b) becomes one GEMM accumulating into v (see update_fusion.cpp).
 void fuse_variable_updates(Graph& graph);
+// batch_norm_inference(conv2d(...)) -> conv2d with the folded weight and bias; relu(conv2d(...)) ->
+// conv2d with activation relu (see conv_fusion.cpp).
+void fuse_convolutions(Graph& graph);
+// False when FLOWLET_CONV_FUSION is "0" (read at every optimize(), so tests can switch it).
+bool conv_fusion_enabled_by_environment();
 // Chains of elementwise ops over same-shaped tensors become one fused node.
 void fuse_elementwise(Graph& graph);
 
