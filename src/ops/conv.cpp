@@ -10,6 +10,8 @@
 // The CPU computes in f32 and f64; f16/bf16 inputs on the CPU get a DTypeError (CUDA runs them).
 #include "flowlet/ops/conv.hpp"
 
+#include <limits>
+
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/ops/reduce.hpp"
@@ -135,6 +137,13 @@ ConvGeometry geometry(const Shape& x, const Shape& w, const Shape& y, const Conv
   g.pad_top = a.pad_top, g.pad_left = a.pad_left;
   g.dilation_h = a.dilation_h, g.dilation_w = a.dilation_w;
   g.groups = a.groups;
+  // OpenBLAS takes int sizes: one image-group's GEMM (weights [O/g, C/g*kH*kW] by columns
+  // [C/g*kH*kW, H'*W']) must fit, or the sizes would wrap into a wrong answer.
+  constexpr int64_t kBlasLimit = std::numeric_limits<int>::max();
+  if (g.c / g.groups * g.kh * g.kw > kBlasLimit || g.oh * g.ow > kBlasLimit || g.h * g.w > kBlasLimit) {
+    fail<ShapeError>("conv2d: one image's matrices exceed the {} rows or columns a BLAS call takes; got x {} and w {} "
+                     "with {} groups", kBlasLimit, x, w, g.groups);
+  }
   return g;
 }
 
