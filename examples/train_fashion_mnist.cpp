@@ -3,7 +3,7 @@
 // eagerly instead; before training, both are timed on a scratch model), evaluated after every
 // epoch, checkpointed every epoch (resumable with --resume), with per-epoch figures written to a
 // CSV and drawn as an SVG. --model cnn trains the small CNN of fashion_mnist_cnn.hpp instead (two
-// conv/pool blocks + dense; 3 epochs by default), evaluated by a graph traced in inference mode.
+// conv/pool blocks + dense; 8 epochs by default), evaluated by a graph traced in inference mode.
 // Both print the first epoch whose test accuracy reaches --target (0.91 for the CNN, 0.88 for the
 // MLP) with the wall seconds since training started (evaluations included).
 //
@@ -66,7 +66,7 @@ Options parse(int argc, char** argv) {
   if (o.model != "mlp" && o.model != "cnn") {
     throw fl::InvalidArgument("train_fashion_mnist: --model takes mlp or cnn; got '" + o.model + "'");
   }
-  if (!explicit_epochs && o.cnn()) o.epochs = 3;
+  if (!explicit_epochs && o.cnn()) o.epochs = 8;
   if (o.epochs < 1 || o.batch_size < 1) throw fl::InvalidArgument("train_fashion_mnist: epochs and batch size must be >= 1");
   if (o.max_steps < 0 || o.test_examples < 0) {
     throw fl::InvalidArgument("train_fashion_mnist: --max-steps and --test-examples must be >= 0");

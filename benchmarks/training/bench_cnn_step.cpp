@@ -4,7 +4,8 @@
 // at batch 128, traced, against libtorch running the same model as a PyTorch user writes it
 // (ATen ops with requires_grad, loss.backward(), then PyTorch's single-tensor Adam update under
 // NoGradGuard), both on TWO threads, in one process. Also the traced step with the conv fusion pass
-// off (FLOWLET_CONV_FUSION=0) and the eager step, to show what tracing and fusion buy.
+// off (FLOWLET_CONV_FUSION=0) and the eager step, to show what tracing and fusion buy, and the
+// evaluation graph (2000 images, inference mode) with and without the fusion.
 // Target: the traced step at most 0.8x libtorch's time.
 #include <cblas.h>
 
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -177,6 +179,40 @@ void compare_cnn_step() {
   section.compare(fused_result, plain_result, std::nullopt);
 }
 
+// The evaluation graph (inference mode, 2000 images, as the demo's TracedAccuracy runs it) with and
+// without the conv fusion pass: there each batch norm folds into its convolution and the relu too.
+void compare_inference_fusion() {
+  const fl::Tensor images = fl::uniform(fl::Shape{examples::TracedAccuracy::kChunk, 784}, 0.0, 1.0, /*seed=*/9);
+  bench::Options options;
+  options.samples = 7;
+  options.sample_seconds = 0.5;
+  options.warmup_seconds = 1.0;
+  auto contender = [&](bool conv_fusion) {
+    setenv("FLOWLET_CONV_FUSION", conv_fusion ? "1" : "0", 1);
+    auto model = std::make_shared<fl::nn::Sequential>();
+    examples::build_cnn(*model, /*seed=*/1);
+    model->eval();
+    auto forward = fl::trace(std::function<fl::Tensor(const fl::Tensor&)>(
+        [model](const fl::Tensor& x) { return fl::argmax((*model)(x), 1); }));
+    (void)forward(images).to_vector<int64_t>();  // traces now, with the setting above
+    return std::make_pair(model, forward);
+  };
+  bench::Section section(fmt::format("CNN inference, {} images", examples::TracedAccuracy::kChunk),
+                         bench::Metric::time(), "traced in inference mode; conv fusion folds batch norm and relu");
+  auto [fused_model, fused] = contender(true);
+  auto [plain_model, plain] = contender(false);
+  unsetenv("FLOWLET_CONV_FUSION");
+  const bench::Result with = section.run("flowlet traced", [&] { bench::do_not_optimize(fused(images)); }, options);
+  const bench::Result without =
+      section.run("flowlet traced, no conv fusion", [&] { bench::do_not_optimize(plain(images)); }, options);
+  section.compare(with, without, std::nullopt);
+}
+
+void run_all() {
+  compare_cnn_step();
+  compare_inference_fusion();
+}
+
 }  // namespace
 
 int main() {
@@ -187,5 +223,5 @@ int main() {
   at::set_num_threads(kThreads);
 #endif
   return bench::run_benchmark("bench_cnn_step", "CNN training step, batch 128, traced (f32, 2 threads)",
-                              /*torch_uses_all_threads=*/false, compare_cnn_step);
+                              /*torch_uses_all_threads=*/false, run_all);
 }

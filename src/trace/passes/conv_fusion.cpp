@@ -59,18 +59,20 @@ const ConvOps& conv_ops() {
 struct Readers {
   std::vector<std::vector<int32_t>> of;
   std::vector<bool> pinned;
+  std::vector<bool> ordered;  // a control input of some node, or an effect: must stay a node
 
-  explicit Readers(const Graph& graph) : of(graph.nodes().size()), pinned(graph.nodes().size(), false) {
+  explicit Readers(const Graph& graph)
+      : of(graph.nodes().size()), pinned(graph.nodes().size(), false), ordered(graph.nodes().size(), false) {
     const auto nodes = graph.nodes();
     for (size_t i = 0; i < nodes.size(); ++i) {
       if (nodes[i].removed) continue;
       for (const ValueRef& in : nodes[i].inputs) {
         if (in.output == 0) of[static_cast<size_t>(in.node)].push_back(static_cast<int32_t>(i));
       }
-      for (int32_t c : nodes[i].control_inputs) pinned[static_cast<size_t>(c)] = true;
+      for (int32_t c : nodes[i].control_inputs) pinned[static_cast<size_t>(c)] = ordered[static_cast<size_t>(c)] = true;
     }
     for (const ValueRef& out : graph.outputs()) pinned[static_cast<size_t>(out.node)] = true;
-    for (int32_t e : graph.effects()) pinned[static_cast<size_t>(e)] = true;
+    for (int32_t e : graph.effects()) pinned[static_cast<size_t>(e)] = ordered[static_cast<size_t>(e)] = true;
   }
 };
 
@@ -224,7 +226,8 @@ void fold_batch_norm(Graph& graph, const Readers& readers, Insertions& insert, i
 // nodes after the relu.
 void fuse_relu(Graph& graph, const Readers& readers, int32_t id) {
   const Node& relu = graph.node(id);
-  if (relu.inputs.size() != 1) return;
+  // The relu node goes away (its value lives on in the convolution): nothing may be ordered on it.
+  if (relu.inputs.size() != 1 || readers.ordered[static_cast<size_t>(id)]) return;
   const ValueRef conv_value = relu.inputs[0];
   const Conv2dAttrs* attrs = plain_conv(graph, conv_value);
   if (attrs == nullptr) return;
