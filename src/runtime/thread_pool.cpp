@@ -161,6 +161,9 @@ class ThreadPool {
       --running_;
     }
     --helpers_;
+    // A post's notify_one may have woken this thread just as its step finished: pass it on, or the
+    // work would wait for the next post while a worker sleeps.
+    if (running_ < budget_ && (open_job() != nullptr || !tasks_.empty())) wake_workers_.notify_one();
     if (was_worker) ++running_;
     pool_worker = was_worker;
   }
