@@ -215,6 +215,74 @@ TEST_CASE("with every worker blocked, a parallel_for caller runs all its chunks 
   REQUIRE(state.done->wait());
 }
 
+TEST_CASE("the caller of a concurrent traced step runs the nodes it hands to the pool while it waits") {
+  // Every worker is held by a task until the step has returned, so the nodes the plan hands to the
+  // pool (q below: p and q are independent and big, so the plan runs concurrently) can only run on
+  // the step's calling thread. A caller that slept in the step's wait would leave them queued until
+  // the held tasks time out (issue 18: with FLOWLET_NUM_THREADS=2 the one worker then ran every
+  // later node, and the caller idled).
+  const int workers = thread_budget() - 1;
+  if (workers == 0) return;  // FLOWLET_NUM_THREADS=1: the plan runs sequentially on the caller
+  struct State {
+    std::mutex mutex;
+    std::condition_variable changed;
+    int started = 0;
+    bool release = false;
+    int timed_out = 0;
+    std::unique_ptr<Countdown> done;
+  } state;
+  state.done = std::make_unique<Countdown>(workers);
+  auto hold = [](void* p) noexcept {
+    auto* s = static_cast<State*>(p);
+    std::unique_lock lock(s->mutex);
+    ++s->started;
+    s->changed.notify_all();
+    if (!s->changed.wait_for(lock, std::chrono::seconds(5), [&] { return s->release; })) ++s->timed_out;
+    lock.unlock();
+    s->done->arrive();
+  };
+  std::mutex seen_mutex;
+  std::vector<std::thread::id> seen;  // the threads the callbacks on p and q ran on
+  auto record = [&](const std::vector<fl::Tensor>&) {
+    std::lock_guard lock(seen_mutex);
+    seen.push_back(std::this_thread::get_id());
+  };
+  fl::TraceOptions options;
+  options.optimize = false;  // keep p and q separate nodes
+  options.fuse_elementwise = false;
+  auto f = fl::trace(
+      [&](fl::Tensor x) {
+        const fl::Tensor a = fl::exp(x * 0.001f);
+        const fl::Tensor p = a * 2.0f, q = a * 3.0f;  // 2^19 elements each: worth a thread
+        fl::host_callback(record, {p});
+        fl::host_callback(record, {q});
+        return p + q;
+      },
+      options);
+  const fl::Tensor x = fl::ones({1 << 19});
+  CHECK(f(x).to_vector<float>()[0] == doctest::Approx(5 * std::exp(0.001f)));  // traces, runs once
+  seen.clear();
+  for (int i = 0; i < workers; ++i) schedule(hold, &state);
+  {
+    std::unique_lock lock(state.mutex);
+    REQUIRE(state.changed.wait_for(lock, kTimeout, [&] { return state.started == workers; }));
+  }
+  const std::vector<float> y = f(x).to_vector<float>();
+  {
+    std::lock_guard lock(state.mutex);
+    state.release = true;
+  }
+  state.changed.notify_all();
+  REQUIRE(state.done->wait());
+  CHECK(state.timed_out == 0);  // the step finished while every worker was held
+  CHECK(y[0] == doctest::Approx(5 * std::exp(0.001f)));
+  CHECK(y[(1 << 19) - 1] == doctest::Approx(5 * std::exp(0.001f)));
+  REQUIRE(seen.size() == 2);
+  const std::thread::id caller = std::this_thread::get_id();
+  CHECK(seen[0] == caller);
+  CHECK(seen[1] == caller);
+}
+
 TEST_CASE("an exception from a chunk reaches its own caller after all of that call's chunks ran") {
   constexpr int kThreads = 4, kCalls = 30;
   const int64_t chunks = intra_op_threads();

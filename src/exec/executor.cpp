@@ -95,11 +95,26 @@ void StepShared::fail(std::exception_ptr e, const Node& node) {
 }
 
 void StepShared::partition_finished() {
-  std::lock_guard lock(mutex);
-  if (--remaining == 0) finished.notify_all();
+  {
+    std::lock_guard lock(mutex);
+    if (--remaining != 0) return;
+    all_finished.store(true, std::memory_order_release);
+    finished.notify_all();
+  }
+  // A waiter parked in help_until sleeps on the pool's wake-up, not on `finished`. Only the pool is
+  // touched from here: the waiter may already have returned and destroyed this StepShared.
+  wake_helpers();
 }
 
 void StepShared::wait() {
+  // The caller does not sleep while its step runs: it works for the pool (issue 18: with 2 threads
+  // a concurrent plan's caller slept and every later node ran on the one worker, its parallel_for
+  // splits finding no second thread). Ready nodes reach it as pool tasks, so it takes those, and
+  // chunks of the nodes the worker runs. Then the wait below returns at once; it only orders this
+  // thread after partition_finished's unlock (so `shared` outlives it), and is the whole wait where
+  // helping is not allowed.
+  auto done = [this] { return all_finished.load(std::memory_order_acquire); };
+  help_until(FunctionRef<bool()>(done));
   std::unique_lock lock(mutex);
   finished.wait(lock, [&] { return remaining == 0; });
 }

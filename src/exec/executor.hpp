@@ -45,13 +45,16 @@ struct StepShared {
   std::mutex mutex;  // guards everything below (and stats->nodes)
   std::condition_variable finished;
   int remaining = 0;  // partitions still running
+  std::atomic<bool> all_finished{false};  // remaining reached 0 (read unlocked by a helping waiter)
   std::exception_ptr error;
   const Node* error_node = nullptr;
 
   // Keeps the first error (with the node that threw it) and cancels the step.
   void fail(std::exception_ptr e, const Node& node);
   void partition_finished();
-  void wait();  // until every partition finished
+  // Until every partition finished. The waiting thread helps the pool meanwhile (runs ready nodes
+  // handed to it, takes parallel_for chunks) and parks only when there is nothing to take.
+  void wait();
 };
 
 // An index that indexes only the vectors of its own kind (IndexedVector<I, T>): a slot cannot be

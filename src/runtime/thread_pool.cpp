@@ -116,6 +116,63 @@ class ThreadPool {
     if (error) std::rethrow_exception(error);
   }
 
+  void help(FunctionRef<bool()> done) {
+    // A worker calling from a task counts as running; while it helps it counts only while it runs
+    // something, like any worker, and counts again when it returns to its task.
+    const bool was_worker = pool_worker;
+    pool_worker = true;  // what it runs below is counted here, not again by run()
+    std::unique_lock lock(mutex_);
+    if (was_worker) --running_;
+    ++helpers_;
+    for (;;) {
+      Job* job = nullptr;
+      bool finished = false;
+      auto ready = [&] {
+        finished = done();
+        return finished || (running_ < budget_ && ((job = open_job()) != nullptr || !tasks_.empty()));
+      };
+      if (!ready()) {
+        // As a worker does: poll briefly before sleeping, since the node a worker runs posts its
+        // parallel_for jobs back to back.
+        const uint64_t seen = posted_.load(std::memory_order_acquire);
+        lock.unlock();
+        spin_until([&] { return posted_.load(std::memory_order_acquire) != seen || done(); });
+        lock.lock();
+      }
+      wake_workers_.wait(lock, ready);  // woken by posts (as workers are) and by wake_helpers()
+      if (finished) break;
+      ++running_;
+      if (job) {
+        ++job->active_workers;
+        job->active_workers_atomic.store(job->active_workers, std::memory_order_release);
+        lock.unlock();
+        std::exception_ptr error = job->work();
+        lock.lock();
+        if (error && !job->error) job->error = error;
+        if (--job->active_workers == 0) job_done_.notify_all();
+        job->active_workers_atomic.store(job->active_workers, std::memory_order_release);
+      } else {
+        const Task task = tasks_.front();
+        tasks_.pop_front();
+        lock.unlock();
+        run_task(task);
+        lock.lock();
+      }
+      --running_;
+    }
+    --helpers_;
+    // A post's notify_one may have woken this thread just as its step finished: pass it on, or the
+    // work would wait for the next post while a worker sleeps.
+    if (running_ < budget_ && (open_job() != nullptr || !tasks_.empty())) wake_workers_.notify_one();
+    if (was_worker) ++running_;
+    pool_worker = was_worker;
+  }
+
+  void wake_helpers() {
+    std::lock_guard lock(mutex_);
+    if (helpers_ > 0) wake_workers_.notify_all();
+  }
+
   void schedule(Task task) {
     bool room;
     {
@@ -191,7 +248,8 @@ class ThreadPool {
   std::vector<Job*> jobs_;  // parallel_for calls in flight, oldest first
   std::deque<Task> tasks_;
   const int budget_;
-  int running_ = 0;  // callers inside run() plus workers with work; guarded by the mutex
+  int running_ = 0;  // callers inside run() plus workers and helpers with work; guarded by the mutex
+  int helpers_ = 0;  // threads inside help(); guarded by the mutex
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 };
@@ -230,6 +288,18 @@ void run_chunks(int64_t chunks, FunctionRef<void(int64_t)> body) {
   }
   Job job(body, chunks);
   pool().run(job);
+}
+
+bool help_until(FunctionRef<bool()> done) {
+  // Inside a chunk the caller must not take other chunks (Job::work would clear inside_chunk); with
+  // a budget of 1 there is no pool work to take.
+  if (inside_chunk || thread_budget() == 1) return false;
+  pool().help(done);
+  return true;
+}
+
+void wake_helpers() {
+  if (thread_budget() > 1) pool().wake_helpers();
 }
 
 void schedule(void (*fn)(void*), void* arg) {

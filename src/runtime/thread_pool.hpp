@@ -49,6 +49,18 @@ void run_chunks(int64_t chunks, FunctionRef<void(int64_t)> body);
 // schedule returns, so a caller that needs concurrency schedules only when thread_budget() > 1.
 void schedule(void (*fn)(void*), void* arg);
 
+// Lends the calling thread to the pool until done() is true: it runs parallel_for chunks and
+// scheduled tasks (within the budget, as a worker would) instead of sleeping, and parks only when
+// there is none to take. For a thread that waits for work it has handed to the pool (a traced
+// step's caller): with a budget of 2 and one worker, a caller that slept would leave every later
+// node, and every parallel_for split, to the one worker. done() is called with the pool's mutex
+// held, so it must only read an atomic; whoever makes it true then calls wake_helpers(). Returns
+// false, having done nothing, where helping is not allowed (inside a chunk, or a budget of 1): the
+// caller then waits its own way. On return the caller counts as it did before the call.
+bool help_until(FunctionRef<bool()> done);
+// Wakes threads parked in help_until so that they check done() again.
+void wake_helpers();
+
 // Calls body(begin, end) over [0, n) in pieces of at least `grain` elements, in parallel when n is
 // large enough to pay for waking a thread. Nested calls from inside a chunk run inline.
 template <class Body>
