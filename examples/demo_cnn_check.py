@@ -40,7 +40,7 @@ def main():
                  "--out", out] + extra
         first = run(short + ["--epochs", "1"])
         expect("model: CNN" in first, "the model line names the CNN")
-        expect("step time over 2 steps: eager" in first, "the eager/traced comparison ran")
+        expect("step time over 2 steps (2 interleaved rounds of 1, median): eager" in first, "the eager/traced comparison ran")
         expect("epoch 1/1 [" in first and "1536/60000" in first, "the progress bar shows the 12 steps run")
         expect("test accuracy" in first, "an evaluation after the epoch")
         expect(os.path.isdir(os.path.join(out, "checkpoints")), "a checkpoint folder")

@@ -12,11 +12,14 @@
 //                       [--test-examples N] [--stop-at-target] [--out DIR] [--data DIR]
 // --max-steps: at most N steps per epoch; --test-examples: evaluate on the first N test images
 // (short runs: the example's test, examples/demo_cnn_check.py).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,30 +100,71 @@ void progress(int epoch, int epochs, int64_t done, int64_t total, double loss, d
   std::fflush(stdout);
 }
 
-// Times `steps` training steps eagerly and traced on a scratch model (the real one is untouched).
+// Times the training step eagerly and traced, each on a scratch model of its own (the real one is
+// untouched), in interleaved rounds (eager then traced, then traced then eager, ...) so that a
+// load change on a shared machine hits both modes alike, and prints each mode's median per-step
+// time over the rounds with the range of the rounds.
 void compare_eager_and_traced(const fl::data::Dataset& train, const Options& o, int64_t steps_per_epoch) {
-  auto time_steps = [&](bool traced) {
+  struct Contender {
     fl::nn::Sequential model;
-    build(model, o);
-    fl::optim::Adam optimizer(o.lr);
-    auto step = make_step(model, optimizer, model.parameters());
-    auto traced_step = fl::trace(step);
-    fl::data::Batches batches(train, o.batch_size, o.seed);
-    auto run_one = [&](const fl::data::Dataset& b) {
-      return traced ? traced_step(b.images, b.labels) : step(b.images, b.labels);
-    };
-    auto it = batches.begin();
-    (void)run_one(*it).item<float>();  // the first call traces; not timed
-    const auto start = std::chrono::steady_clock::now();
-    int done = 0;
-    for (++it; it != batches.end() && done < o.compare_steps; ++it, ++done) (void)run_one(*it).item<float>();
-    return seconds_since(start) / std::max(done, 1);
+    std::unique_ptr<fl::optim::Adam> optimizer;
+    std::function<fl::Tensor(fl::Tensor, fl::Tensor)> step;
+    std::vector<double> round_seconds;  // per step, one entry per round
   };
-  const double eager = time_steps(false), traced = time_steps(true);
-  fmt::print("step time over {} steps: eager {:.2f} ms, traced {:.2f} ms ({:.2f}x); an epoch of {} steps: "
-             "eager {:.1f} s, traced {:.1f} s\n",
-             o.compare_steps, eager * 1e3, traced * 1e3, eager / traced, steps_per_epoch,
-             eager * static_cast<double>(steps_per_epoch), traced * static_cast<double>(steps_per_epoch));
+  auto make_contender = [&](bool traced) {
+    auto c = std::make_unique<Contender>();
+    build(c->model, o);
+    c->optimizer = std::make_unique<fl::optim::Adam>(o.lr);
+    auto step = make_step(c->model, *c->optimizer, c->model.parameters());
+    if (traced) {
+      c->step = fl::trace(step);
+    } else {
+      c->step = step;
+    }
+    return c;
+  };
+  const std::unique_ptr<Contender> eager = make_contender(false), traced = make_contender(true);
+  fl::data::Batches batches(train, o.batch_size, o.seed);
+  auto it = batches.begin();
+  auto next_batch = [&] {  // cycles through the epoch's batches
+    if (it == batches.end()) it = batches.begin();
+    fl::data::Dataset batch = *it;
+    ++it;
+    return batch;
+  };
+  auto run_steps = [&](Contender& c, int steps) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < steps; ++i) {
+      const fl::data::Dataset b = next_batch();
+      (void)c.step(b.images, b.labels).item<float>();
+    }
+    return seconds_since(start) / steps;
+  };
+  run_steps(*eager, 1);  // warm-up; the traced contender's first call traces
+  run_steps(*traced, 1);
+  const int rounds = std::min(5, o.compare_steps);
+  const int steps_per_round = std::max(1, o.compare_steps / rounds);
+  for (int round = 0; round < rounds; ++round) {
+    Contender& first = round % 2 == 0 ? *eager : *traced;
+    Contender& second = round % 2 == 0 ? *traced : *eager;
+    first.round_seconds.push_back(run_steps(first, steps_per_round));
+    second.round_seconds.push_back(run_steps(second, steps_per_round));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  const auto& e = eager->round_seconds;
+  const auto& t = traced->round_seconds;
+  const double eager_step = median(e), traced_step = median(t);
+  fmt::print("step time over {} steps ({} interleaved rounds of {}, median): eager {:.2f} ms, traced {:.2f} ms "
+             "({:.2f}x; rounds eager {:.2f}-{:.2f}, traced {:.2f}-{:.2f} ms); an epoch of {} steps: eager {:.1f} s, "
+             "traced {:.1f} s\n",
+             rounds * steps_per_round, rounds, steps_per_round, eager_step * 1e3, traced_step * 1e3,
+             eager_step / traced_step, *std::min_element(e.begin(), e.end()) * 1e3,
+             *std::max_element(e.begin(), e.end()) * 1e3, *std::min_element(t.begin(), t.end()) * 1e3,
+             *std::max_element(t.begin(), t.end()) * 1e3, steps_per_epoch,
+             eager_step * static_cast<double>(steps_per_epoch), traced_step * static_cast<double>(steps_per_epoch));
 }
 
 int run(const Options& o) {
