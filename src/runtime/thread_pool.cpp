@@ -141,24 +141,7 @@ class ThreadPool {
       }
       wake_workers_.wait(lock, ready);  // woken by posts (as workers are) and by wake_helpers()
       if (finished) break;
-      ++running_;
-      if (job) {
-        ++job->active_workers;
-        job->active_workers_atomic.store(job->active_workers, std::memory_order_release);
-        lock.unlock();
-        std::exception_ptr error = job->work();
-        lock.lock();
-        if (error && !job->error) job->error = error;
-        if (--job->active_workers == 0) job_done_.notify_all();
-        job->active_workers_atomic.store(job->active_workers, std::memory_order_release);
-      } else {
-        const Task task = tasks_.front();
-        tasks_.pop_front();
-        lock.unlock();
-        run_task(task);
-        lock.lock();
-      }
-      --running_;
+      run_one(lock, job);
     }
     --helpers_;
     // A post's notify_one may have woken this thread just as its step finished: pass it on, or the
@@ -209,25 +192,32 @@ class ThreadPool {
       }
       wake_workers_.wait(lock, has_work);
       if (stopping_) return;
-      ++running_;
-      if (job) {  // chunks first: their caller is waiting, and they are short
-        ++job->active_workers;
-        job->active_workers_atomic.store(job->active_workers, std::memory_order_release);
-        lock.unlock();
-        std::exception_ptr error = job->work();
-        lock.lock();
-        if (error && !job->error) job->error = error;
-        if (--job->active_workers == 0) job_done_.notify_all();
-        job->active_workers_atomic.store(job->active_workers, std::memory_order_release);
-      } else {
-        const Task task = tasks_.front();
-        tasks_.pop_front();
-        lock.unlock();
-        run_task(task);
-        lock.lock();
-      }
-      --running_;
+      run_one(lock, job);
     }
+  }
+
+  // Runs one piece of work as one of the budget's threads, with `lock` held on entry and exit:
+  // chunks of `job` when there is one (chunks first: their caller is waiting, and they are short),
+  // else the oldest task. What the workers and a helping caller (help_until) both do.
+  void run_one(std::unique_lock<std::mutex>& lock, Job* job) {
+    ++running_;
+    if (job) {
+      ++job->active_workers;
+      job->active_workers_atomic.store(job->active_workers, std::memory_order_release);
+      lock.unlock();
+      std::exception_ptr error = job->work();
+      lock.lock();
+      if (error && !job->error) job->error = error;
+      if (--job->active_workers == 0) job_done_.notify_all();
+      job->active_workers_atomic.store(job->active_workers, std::memory_order_release);
+    } else {
+      const Task task = tasks_.front();
+      tasks_.pop_front();
+      lock.unlock();
+      run_task(task);
+      lock.lock();
+    }
+    --running_;
   }
 
   // Polls `done` for up to kSpinMicroseconds, pausing between polls.
