@@ -1007,6 +1007,7 @@ const std::map<std::string, std::string> kWithoutRow = [] {
       {"read_variable", "graph-only, recorded by Variable::value() while tracing (test_trace, test_placement)"},
       {"assign_variable", "graph-only, recorded by Variable::assign* while tracing (test_trace, test_placement)"},
       {"assign_matmul", "graph-only, made by the fuse_variable_updates pass (test_trace, test_half_training)"},
+      {"optimizer_update", "returns nothing; emitted by the built-in optimizers' apply() (test_optim checks it against update())"},
       {"send", "graph-only, inserted by the partition pass (test_partition)"},
       {"recv", "graph-only, inserted by the partition pass (test_partition)"},
       {"queue_enqueue", "graph-only, recorded by Queue::enqueue while tracing (test_queue_graph)"},

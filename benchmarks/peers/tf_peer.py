@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """TensorFlow 2 as a benchmark peer, run by the C++ benchmarks as a subprocess (benchmarks/tf_peer.hpp).
 
-Usage: tf_peer.py CASE [--threads N] [--batch B] [--n N] [--samples S]
+Usage: tf_peer.py CASE [--threads N] [--batch B] [--n N] [--samples S] [--optimizer sgd|adam]
 
 Prints exactly ONE JSON object (one line, flat: numbers and strings) on stdout and nothing else;
 TensorFlow's own output goes to stderr. Times are seconds per call: the median over samples, with
@@ -15,11 +15,13 @@ Cases (the C++ side mirrors each exactly):
                        (numpy default_rng(0)), labels i % 10 (int64);
                        h = relu(x @ w1 + b1); logits = h @ w2 + b2;
                        loss = mean(sparse_softmax_cross_entropy(labels, logits));
-                       gradients with tf.GradientTape; SGD lr 0.01 as var.assign_sub(0.01 * g).
+                       gradients with tf.GradientTape; SGD lr 0.01 as var.assign_sub(0.01 * g), or
+                       with --optimizer adam Keras' Adam (lr 1e-3, beta_1 0.9, beta_2 0.999,
+                       epsilon 1e-7: Keras' defaults), one optimizer per mode, built before timing.
                        w1 [784,256], w2 [256,10] Glorot-uniform (numpy default_rng(1) and (2),
                        limit sqrt(6 / (fan_in + fan_out))), biases zero.
-                       Keys: batch, eager_*, function_*, xla_* (when XLA works), loss_first_step
-                       (the loss of the first step from the initial weights).
+                       Keys: batch, optimizer, eager_*, function_*, xla_* (when XLA works),
+                       loss_first_step (the loss of the first step from the initial weights).
   chain --n N          8 elementwise ops on an f32 vector of N elements (default 16M = 16 * 2**20),
                        x = numpy default_rng(0) standard normal:
                          t = x * 1.5
@@ -144,33 +146,48 @@ def case_mlp_step(tf, np, args, record):
     x = tf.constant(np.random.default_rng(0).standard_normal((batch, in_features)).astype(np.float32))
     y = tf.constant(np.arange(batch, dtype=np.int64) % classes)
 
-    def step():
-        w1, b1, w2, b2 = params
-        with tf.GradientTape() as tape:
-            h = tf.nn.relu(tf.matmul(x, w1) + b1)
-            logits = tf.matmul(h, w2) + b2
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-        grads = tape.gradient(loss, params)
-        for var, grad in zip(params, grads):
-            var.assign_sub(lr * grad)
-        return loss
+    record["optimizer"] = args.optimizer
+
+    def make_step():
+        # Each mode gets its own optimizer, its slots made before the first (traced) call.
+        adam = None
+        if args.optimizer == "adam":
+            adam = tf.keras.optimizers.Adam(learning_rate=1e-3)
+            adam.build(params)
+
+        def step():
+            w1, b1, w2, b2 = params
+            with tf.GradientTape() as tape:
+                h = tf.nn.relu(tf.matmul(x, w1) + b1)
+                logits = tf.matmul(h, w2) + b2
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+            grads = tape.gradient(loss, params)
+            if adam is not None:
+                adam.apply_gradients(zip(grads, params))
+            else:
+                for var, grad in zip(params, grads):
+                    var.assign_sub(lr * grad)
+            return loss
+
+        return step
 
     def reset():
         for var, value in zip(params, initial):
             var.assign(value)
 
+    step = make_step()
     record["loss_first_step"] = float(step().numpy())
     reset()
     add_figures(record, "eager", measure(step, record["samples"]))
 
     reset()
-    function_step = tf.function(step)
+    function_step = tf.function(make_step())
     function_step()  # traces
     add_figures(record, "function", measure(function_step, record["samples"]))
 
     errors = []
     reset()
-    try_xla(record, lambda: tf.function(step, jit_compile=True), errors)
+    try_xla(record, lambda: tf.function(make_step(), jit_compile=True), errors)
     if errors:
         record["xla_error"] = "; ".join(errors)
 
@@ -236,6 +253,8 @@ def main():
     parser.add_argument("--n", type=int, default=None,
                         help="elements for chain (default 16M), ops for tiny_chain (default 1000)")
     parser.add_argument("--samples", type=int, default=SAMPLES, help=f"timed samples (default {SAMPLES})")
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
+                        help="mlp_step's optimizer (default sgd: lr 0.01; adam: Keras' Adam, lr 1e-3)")
     args = parser.parse_args()
 
     record = {"case": args.case}

@@ -1,14 +1,24 @@
-// bench_trace_adam: the MLP 784-256-10 step with Adam, eager against traced, interleaved (one eager
-// round, one traced round, repeated), median of the rounds' per-step times. Run it with the thread
-// budget under test, e.g. FLOWLET_NUM_THREADS=2 ./bench_trace_adam 1024 128 (issue 18, goal 3:
-// traced is never slower than eager).
+// bench_trace_adam: the MLP 784-256-10 step with Adam (lr 1e-3), flowlet eager against traced,
+// interleaved (one eager round, one traced round, repeated), median of the rounds' per-step times;
+// beside them TensorFlow's eager, tf.function and XLA steps with Keras' Adam on the same model
+// (benchmarks/peers/tf_peer.py mlp_step --optimizer adam, measured between flowlet's first and
+// second half of rounds, same thread count). Issue 18, goal 2 (the traced batch-1 step <= 0.8x
+// XLA's) and goal 3 (traced never slower than eager). Usage:
+//   FLOWLET_NUM_THREADS=2 FLOWLET_TF_PYTHON=/work/venvs/tf/bin/python ./bench_trace_adam 1 64 128 1024
+// Options: --no-tf (flowlet only), --rounds R (default 15), --tf-samples S (default 7).
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "../mlp_step.hpp"
+#include "../tf_peer.hpp"
 
 namespace fl = flowlet;
 using namespace flowlet_bench::mlp;
@@ -31,8 +41,24 @@ double round_us(Step& step, const Batch& data, int steps) {
 
 int main(int argc, char** argv) {
   std::vector<int64_t> batches;
-  for (int i = 1; i < argc; ++i) batches.push_back(std::atoll(argv[i]));
+  bool with_tf = true;
+  int rounds = 15, tf_samples = 7;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--no-tf") == 0) {
+      with_tf = false;
+    } else if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
+      rounds = std::max(2, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--tf-samples") == 0 && i + 1 < argc) {
+      tf_samples = std::max(3, std::atoi(argv[++i]));
+    } else {
+      batches.push_back(std::atoll(argv[i]));
+    }
+  }
   if (batches.empty()) batches = {1024, 128};
+  // TensorFlow gets flowlet's thread budget (intra- and inter-op).
+  const char* budget = std::getenv("FLOWLET_NUM_THREADS");
+  const int threads = budget != nullptr ? std::max(1, std::atoi(budget)) : static_cast<int>(std::thread::hardware_concurrency());
+  if (with_tf) with_tf = flowlet_bench::print_tf_setup();
   for (int64_t batch : batches) {
     const Batch data(batch);
     FlowletMlp eager_model, traced_model;
@@ -53,11 +79,33 @@ int main(int argc, char** argv) {
       round_us(traced, data, 1);
     }
     std::vector<double> e, t;
-    for (int r = 0; r < 15; ++r) {
-      e.push_back(round_us(eager, data, steps));
-      t.push_back(round_us(traced, data, steps));
+    auto measure_rounds = [&](int count) {
+      for (int r = 0; r < count; ++r) {
+        e.push_back(round_us(eager, data, steps));
+        t.push_back(round_us(traced, data, steps));
+      }
+    };
+    measure_rounds(rounds / 2);
+    std::optional<flowlet_bench::TfRecord> tf;
+    std::string why;
+    if (with_tf) {
+      tf = flowlet_bench::run_tf_peer({"mlp_step", "--batch", std::to_string(batch), "--threads", std::to_string(threads),
+                                       "--optimizer", "adam", "--samples", std::to_string(tf_samples)},
+                                      &why);
     }
-    std::printf("batch %lld: eager %.0f us, traced %.0f us (median of 15 interleaved rounds of %d steps), traced/eager %.2f\n",
-                static_cast<long long>(batch), median(e), median(t), steps, median(t) / median(e));
+    measure_rounds(rounds - rounds / 2);
+    const double eager_us = median(e), traced_us = median(t);
+    std::printf("batch %lld: eager %.0f us, traced %.0f us (median of %d interleaved rounds of %d steps), traced/eager %.2f\n",
+                static_cast<long long>(batch), eager_us, traced_us, rounds, steps, traced_us / eager_us);
+    if (!with_tf) continue;
+    if (!tf) {
+      std::printf("   TensorFlow: not available (%s)\n", why.c_str());
+      continue;
+    }
+    auto us = [&](const char* mode) { return tf->number(std::string(mode) + "_s").value_or(NAN) * 1e6; };
+    std::printf("   TensorFlow %d threads (median of %d samples): eager %.0f us, tf.function %.0f us, XLA %.0f us; "
+                "flowlet traced/XLA %.2f, traced/tf.function %.2f\n",
+                threads, tf_samples, us("eager"), us("function"), us("xla"), traced_us / us("xla"),
+                traced_us / us("function"));
   }
 }

@@ -57,6 +57,11 @@ class Optimizer {
  protected:
   // Updates one variable from its gradient (same shape and dtype, checked by apply).
   virtual void update(Variable& var, const Tensor& grad) = 0;
+  // The built-in optimizers' fast path: applies (or records, while tracing) update(var, grad) as one
+  // fused op that passes over the variable and its slots once, and returns true; returns false,
+  // having done nothing, where it does not apply (a subclass, a device without the fused kernel),
+  // and apply() then calls update(). `count`: iterations() before this step. Not for new optimizers.
+  virtual bool fused_update(const Variable& var, const Tensor& grad, const Tensor& count);
   // The names of the slots each variable gets (zeros of its shape), e.g. {"m", "v"}. Slots of an
   // f16/bf16 variable are f32 (see state_dtype).
   virtual std::vector<std::string> slot_names() const { return {}; }
@@ -88,6 +93,7 @@ class SGD : public Optimizer {
 
  protected:
   void update(Variable& var, const Tensor& grad) override;
+  bool fused_update(const Variable& var, const Tensor& grad, const Tensor& count) override;
   std::vector<std::string> slot_names() const override;
 
  private:
@@ -104,6 +110,7 @@ class Adam : public Optimizer {
 
  protected:
   void update(Variable& var, const Tensor& grad) override;
+  bool fused_update(const Variable& var, const Tensor& grad, const Tensor& count) override;
   std::vector<std::string> slot_names() const override { return {"m", "v"}; }
 
  private:

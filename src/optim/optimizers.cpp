@@ -1,7 +1,11 @@
-// Optimizers. Every update is written with public ops on Variables (no private kernels), so a
-// traced training step records the same updates, and the state lives where checkpoints see it.
+// Optimizers. Every update is written with public ops on Variables (update()), so a traced training
+// step records the same updates, and the state lives where checkpoints see it. The built-in
+// optimizers also have a fused form (fused_update: one op per variable, state/optimizer_update.hpp)
+// that apply() uses where it runs; update() stays the reference, the path for other devices and
+// mirrored variables, and what parameter servers run on row subsets (ps/server/optimizer_access).
 #include <cmath>
 #include <mutex>
+#include <typeinfo>
 
 #include "collective/mirrored/gradient_averaging.hpp"
 #include "collective/replica_context.hpp"
@@ -11,6 +15,7 @@
 #include "flowlet/ops/elementwise.hpp"
 #include "flowlet/optim.hpp"
 #include "state/mirrored_variable.hpp"
+#include "state/optimizer_update.hpp"
 #include "state/variable_state.hpp"
 
 namespace flowlet::optim {
@@ -93,6 +98,18 @@ namespace {
 Tensor as(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : cast(t, dtype); }
 }  // namespace
 
+bool Optimizer::fused_update(const Variable&, const Tensor&, const Tensor&) { return false; }
+
+namespace {
+// Whether the fused op can update `var` from `grad`: a plain variable on a device with its kernel,
+// the gradient already there (eagerly; a traced gradient is moved by the partitioner).
+bool fusable(const Variable& var, const Tensor& grad) {
+  const detail::VariableState& state = *detail::VariableAccess::state(var);
+  if (!detail::optimizer_update_applies(state)) return false;
+  return grad.is_symbolic() || grad.device() == var.device();
+}
+}  // namespace
+
 Tensor Optimizer::step(DType dtype) const { return cast(iterations_.value(), dtype) + 1.0; }
 
 void Optimizer::apply(const std::vector<Tensor>& grads, const std::vector<Variable>& vars) {
@@ -135,9 +152,14 @@ void Optimizer::apply(const std::vector<Tensor>& grads, const std::vector<Variab
   const detail::AveragedGradients averaged =
       replica != nullptr ? detail::average_gradients_with_completion(grads) : detail::AveragedGradients{};
   const std::vector<Tensor>& use = replica != nullptr ? averaged.grads : grads;
+  // Outside a replica the built-in optimizers update each variable with one fused op
+  // (fused_update); the counter is read once for all of them, before this step's increment.
+  Tensor count;
+  if (replica == nullptr) count = iterations_.value();
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!use[i].defined()) continue;
     Variable var = vars[i];
+    if (replica == nullptr && fused_update(var, use[i], count)) continue;
     update(var, use[i]);
   }
   // A replica's counter counts only steps whose all-reduces succeeded on every replica.
@@ -157,6 +179,21 @@ SGD::SGD(double lr, double momentum, bool nesterov, double weight_decay)
 std::vector<std::string> SGD::slot_names() const {
   if (momentum_ > 0.0) return {"momentum"};
   return {};
+}
+
+bool SGD::fused_update(const Variable& var, const Tensor& grad, const Tensor&) {
+  // Plain SGD stays one assign_sub, which fuse_variable_updates turns into one accumulating GEMM.
+  if (typeid(*this) != typeid(SGD) || (momentum_ == 0.0 && weight_decay_ == 0.0) || !fusable(var, grad)) return false;
+  detail::OptimizerUpdateAttrs attrs;
+  attrs.rule = detail::UpdateRule::sgd;
+  attrs.var = detail::VariableAccess::state(var);
+  if (momentum_ > 0.0) attrs.slot0 = detail::VariableAccess::state(slot(var, "momentum"));
+  attrs.lr = lr_;
+  attrs.beta1 = momentum_;
+  attrs.weight_decay = weight_decay_;
+  attrs.nesterov = nesterov_;
+  detail::optimizer_update(attrs, grad, Tensor());
+  return true;
 }
 
 void SGD::update(Variable& var, const Tensor& grad) {
@@ -185,6 +222,24 @@ Adam::Adam(double lr, double beta1, double beta2, double eps, double weight_deca
   check_hyperparameter("Adam", "beta2", beta2, 0.0, 1.0, true);
   check_hyperparameter("Adam", "weight_decay", weight_decay, 0.0, 1e300, false);
   if (!(eps > 0.0) || !std::isfinite(eps)) detail::fail<InvalidArgument>("Adam: eps must be > 0; got {}", eps);
+}
+
+bool Adam::fused_update(const Variable& var, const Tensor& grad, const Tensor& count) {
+  if ((typeid(*this) != typeid(Adam) && typeid(*this) != typeid(AdamW)) || !count.defined() || !fusable(var, grad)) {
+    return false;
+  }
+  detail::OptimizerUpdateAttrs attrs;
+  attrs.rule = detail::UpdateRule::adam;
+  attrs.var = detail::VariableAccess::state(var);
+  attrs.slot0 = detail::VariableAccess::state(slot(var, "m"));
+  attrs.slot1 = detail::VariableAccess::state(slot(var, "v"));
+  attrs.lr = lr_;
+  attrs.beta1 = beta1_;
+  attrs.beta2 = beta2_;
+  attrs.eps = eps_;
+  attrs.weight_decay = weight_decay_;
+  detail::optimizer_update(attrs, grad, count);
+  return true;
 }
 
 void Adam::update(Variable& var, const Tensor& grad) {

@@ -11,6 +11,7 @@
 #include "ops/gemm.hpp"
 #include "ops/registry.hpp"
 #include "runtime/step_context.hpp"
+#include "state/optimizer_update.hpp"
 
 namespace flowlet::detail {
 namespace {
@@ -141,7 +142,7 @@ Op assign_matmul_op{.name = "assign_matmul",
                     .node_name = &update_node_name};
 
 void add_state_ops(std::vector<Op*>& ops) {
-  ops.insert(ops.end(), {&read_variable_op, &assign_variable_op, &assign_matmul_op});
+  ops.insert(ops.end(), {&read_variable_op, &assign_variable_op, &assign_matmul_op, &optimizer_update_op});
 }
 
 Tensor record_variable_read(const std::shared_ptr<VariableState>& state) {
