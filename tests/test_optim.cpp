@@ -240,6 +240,32 @@ TEST_CASE("the fused update: absent gradients, non-contiguous gradients, and rea
   CHECK(host(slot_of(adam, a, "m").value()) != m_values);
 }
 
+TEST_CASE("eagerly the fused update writes the variable and its slots in place; update() allocates new values") {
+  // The buffers' addresses, read without keeping a handle (a held value is copied on write).
+  auto address = [](const fl::Variable& v) { return v.value().raw_data(); };
+  for (bool fused : {true, false}) {
+    CAPTURE(fused);
+    fl::Variable w(fl::randn({37, 5}, 1), "w");
+    std::unique_ptr<fl::optim::Optimizer> opt;
+    if (fused) {
+      opt = std::make_unique<fl::optim::Adam>(0.1);
+    } else {
+      opt = std::make_unique<PerOpAdam>(0.1);
+    }
+    opt->build({w});
+    const void* w_at = address(w);
+    const void* m_at = address(slot_of(*opt, w, "m"));
+    const void* v_at = address(slot_of(*opt, w, "v"));
+    opt->apply({fl::randn({37, 5}, 2)}, {w});
+    // update() assigns each moment a new tensor made while the old one is alive: another address.
+    CHECK((address(slot_of(*opt, w, "m")) == m_at) == fused);
+    if (fused) {
+      CHECK(address(w) == w_at);
+      CHECK(address(slot_of(*opt, w, "v")) == v_at);
+    }
+  }
+}
+
 TEST_CASE("bad calls to a fused optimizer throw and change nothing") {
   fl::Variable a(fl::randn({3, 2}, 1), "a");
   fl::optim::Adam adam(0.1);
