@@ -5,7 +5,9 @@
 // second half of rounds, same thread count). Issue 18, goal 2 (the traced batch-1 step <= 0.8x
 // XLA's) and goal 3 (traced never slower than eager). Usage:
 //   FLOWLET_NUM_THREADS=2 FLOWLET_TF_PYTHON=/work/venvs/tf/bin/python ./bench_trace_adam 1 64 128 1024
-// Options: --no-tf (flowlet only), --rounds R (default 15), --tf-samples S (default 7).
+// Options: --no-tf (flowlet only), --rounds R (default 15), --tf-samples S (default 7), --unfused
+// (also times Adam's per-op update(), a subclass apply() does not fuse, in the same rounds: the
+// fused optimizer_update against what it replaced).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -25,6 +27,11 @@ using namespace flowlet_bench::mlp;
 
 namespace {
 
+// Adam through update(), one elementwise op at a time: apply() fuses only the built-in classes.
+struct UnfusedAdam : fl::optim::Adam {
+  using Adam::Adam;
+};
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -41,11 +48,13 @@ double round_us(Step& step, const Batch& data, int steps) {
 
 int main(int argc, char** argv) {
   std::vector<int64_t> batches;
-  bool with_tf = true;
+  bool with_tf = true, unfused = false;
   int rounds = 15, tf_samples = 7;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-tf") == 0) {
       with_tf = false;
+    } else if (std::strcmp(argv[i], "--unfused") == 0) {
+      unfused = true;
     } else if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
       rounds = std::max(2, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--tf-samples") == 0 && i + 1 < argc) {
@@ -61,8 +70,9 @@ int main(int argc, char** argv) {
   if (with_tf) with_tf = flowlet_bench::print_tf_setup();
   for (int64_t batch : batches) {
     const Batch data(batch);
-    FlowletMlp eager_model, traced_model;
+    FlowletMlp eager_model, traced_model, eager_unfused_model, traced_unfused_model;
     fl::optim::Adam eager_adam(1e-3), traced_adam(1e-3);
+    UnfusedAdam eager_unfused_adam(1e-3), traced_unfused_adam(1e-3);
     auto make = [](FlowletMlp& m, fl::optim::Adam& adam) {
       return [&m, &adam](fl::Tensor x, fl::Tensor labels) {
         fl::GradientTape tape;
@@ -73,16 +83,26 @@ int main(int argc, char** argv) {
     };
     auto eager = make(eager_model, eager_adam);
     auto traced = fl::trace(make(traced_model, traced_adam));
+    auto eager_unfused = make(eager_unfused_model, eager_unfused_adam);
+    auto traced_unfused = fl::trace(make(traced_unfused_model, traced_unfused_adam));
     const int steps = batch >= 512 ? 5 : 20;
     for (int i = 0; i < 3; ++i) {  // warm-up (and the trace)
       round_us(eager, data, 1);
       round_us(traced, data, 1);
+      if (unfused) {
+        round_us(eager_unfused, data, 1);
+        round_us(traced_unfused, data, 1);
+      }
     }
-    std::vector<double> e, t;
+    std::vector<double> e, t, eu, tu;
     auto measure_rounds = [&](int count) {
       for (int r = 0; r < count; ++r) {
         e.push_back(round_us(eager, data, steps));
         t.push_back(round_us(traced, data, steps));
+        if (unfused) {
+          eu.push_back(round_us(eager_unfused, data, steps));
+          tu.push_back(round_us(traced_unfused, data, steps));
+        }
       }
     };
     measure_rounds(rounds / 2);
@@ -97,6 +117,11 @@ int main(int argc, char** argv) {
     const double eager_us = median(e), traced_us = median(t);
     std::printf("batch %lld: eager %.0f us, traced %.0f us (median of %d interleaved rounds of %d steps), traced/eager %.2f\n",
                 static_cast<long long>(batch), eager_us, traced_us, rounds, steps, traced_us / eager_us);
+    if (unfused) {
+      std::printf("   per-op Adam update() in the same rounds: eager %.0f us, traced %.0f us; fused/per-op: eager %.2f, "
+                  "traced %.2f\n",
+                  median(eu), median(tu), eager_us / median(eu), traced_us / median(tu));
+    }
     if (!with_tf) continue;
     if (!tf) {
       std::printf("   TensorFlow: not available (%s)\n", why.c_str());
