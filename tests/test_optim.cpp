@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include <flowlet/flowlet.hpp>
 
 namespace fl = flowlet;
@@ -87,6 +89,13 @@ fl::Variable slot_of(const fl::optim::Optimizer& opt, const fl::Variable& var, c
   return {};
 }
 
+// "w<i>" (appended, not operator+(const char*, string&&), which GCC 12 warns about falsely).
+std::string weight_name(size_t i) {
+  std::string name = "w";
+  name += std::to_string(i);
+  return name;
+}
+
 int count_nodes(const fl::Graph& graph, const std::string& op) {
   int n = 0;
   for (const fl::Node& node : graph.nodes()) n += !node.removed && node.op != nullptr && node.op->name == op;
@@ -116,8 +125,8 @@ TEST_CASE("fused Adam and AdamW match an f64 reference and the per-op update (ev
       std::vector<fl::Variable> fused_vars, per_op_vars;
       for (size_t i = 0; i < kShapes.size(); ++i) {
         const fl::Tensor init = fl::cast(fl::randn(kShapes[i], 10 + i), dt);
-        fused_vars.emplace_back(init, "w" + std::to_string(i));
-        per_op_vars.emplace_back(init, "w" + std::to_string(i));
+        fused_vars.emplace_back(init, weight_name(i));
+        per_op_vars.emplace_back(init, weight_name(i));
       }
       fl::optim::Adam fused(h.lr, h.beta1, h.beta2, h.eps, decay);
       PerOpAdam per_op(h.lr, h.beta1, h.beta2, h.eps, decay);
@@ -179,8 +188,8 @@ TEST_CASE("fused SGD with momentum, Nesterov and weight decay matches an f64 ref
       std::vector<fl::Variable> fused_vars, per_op_vars;
       for (size_t i = 0; i < kShapes.size(); ++i) {
         const fl::Tensor init = fl::cast(fl::randn(kShapes[i], 20 + i), dt);
-        fused_vars.emplace_back(init, "w" + std::to_string(i));
-        per_op_vars.emplace_back(init, "w" + std::to_string(i));
+        fused_vars.emplace_back(init, weight_name(i));
+        per_op_vars.emplace_back(init, weight_name(i));
       }
       fl::optim::SGD fused(h.lr, variant.momentum, variant.nesterov, variant.decay);
       PerOpSgd per_op(h.lr, variant.momentum, variant.nesterov, variant.decay);
@@ -378,7 +387,7 @@ TEST_CASE("checkpoints of a fused optimizer's slots and step counter resume the 
   const fl::Tensor x = fl::randn({8, 6}, 11);
   const fl::Tensor labels = fl::tensor(std::vector<int64_t>{0, 1, 2, 0, 1, 2, 0, 1}, {8});
   const auto dir = std::filesystem::temp_directory_path() /
-                   ("flowlet_test_optim_" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+                   fmt::format("flowlet_test_optim_{}", std::chrono::steady_clock::now().time_since_epoch().count());
   std::filesystem::create_directories(dir);
   for (bool traced_run : {false, true}) {
     for (int which = 0; which < 3; ++which) {
@@ -401,7 +410,7 @@ TEST_CASE("checkpoints of a fused optimizer's slots and step counter resume the 
       run(first, *first_opt, 2);
       std::vector<fl::Variable> saved = first.vars;
       for (const fl::Variable& s : first_opt->variables()) saved.push_back(s);
-      const std::string path = (dir / ("ckpt" + std::to_string(which) + ".safetensors")).string();
+      const std::string path = (dir / fmt::format("ckpt{}.safetensors", which)).string();
       fl::save_checkpoint(path, saved, 2);
 
       Model resumed;

@@ -60,8 +60,10 @@ class Optimizer {
   // The built-in optimizers' fast path: applies (or records, while tracing) update(var, grad) as one
   // fused op that passes over the variable and its slots once, and returns true; returns false,
   // having done nothing, where it does not apply (a subclass, a device without the fused kernel),
-  // and apply() then calls update(). `count`: iterations() before this step. Not for new optimizers.
-  virtual bool fused_update(const Variable& var, const Tensor& grad, const Tensor& count);
+  // and apply() then calls update(). Not for new optimizers: they override update() only.
+  virtual bool fused_update(const Variable& var, const Tensor& grad);
+  // iterations() before the step being applied, read once per apply() (for fused_update).
+  const Tensor& count_before_step();
   // The names of the slots each variable gets (zeros of its shape), e.g. {"m", "v"}. Slots of an
   // f16/bf16 variable are f32 (see state_dtype).
   virtual std::vector<std::string> slot_names() const { return {}; }
@@ -81,6 +83,7 @@ class Optimizer {
   std::string name_;
   Variable iterations_;
   bool counter_placed_ = false;
+  Tensor count_before_step_;  // set by count_before_step() during one apply(), empty otherwise
   std::unordered_map<const void*, std::unordered_map<std::string, Variable>> slots_;
   std::vector<Variable> slot_order_;
 };
@@ -93,7 +96,7 @@ class SGD : public Optimizer {
 
  protected:
   void update(Variable& var, const Tensor& grad) override;
-  bool fused_update(const Variable& var, const Tensor& grad, const Tensor& count) override;
+  bool fused_update(const Variable& var, const Tensor& grad) override;
   std::vector<std::string> slot_names() const override;
 
  private:
@@ -110,7 +113,7 @@ class Adam : public Optimizer {
 
  protected:
   void update(Variable& var, const Tensor& grad) override;
-  bool fused_update(const Variable& var, const Tensor& grad, const Tensor& count) override;
+  bool fused_update(const Variable& var, const Tensor& grad) override;
   std::vector<std::string> slot_names() const override { return {"m", "v"}; }
 
  private:

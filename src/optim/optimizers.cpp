@@ -98,7 +98,12 @@ namespace {
 Tensor as(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : cast(t, dtype); }
 }  // namespace
 
-bool Optimizer::fused_update(const Variable&, const Tensor&, const Tensor&) { return false; }
+bool Optimizer::fused_update(const Variable&, const Tensor&) { return false; }
+
+const Tensor& Optimizer::count_before_step() {
+  if (!count_before_step_.defined()) count_before_step_ = iterations_.value();
+  return count_before_step_;
+}
 
 namespace {
 // Whether the fused op can update `var` from `grad`: a plain variable on a device with its kernel,
@@ -153,15 +158,15 @@ void Optimizer::apply(const std::vector<Tensor>& grads, const std::vector<Variab
       replica != nullptr ? detail::average_gradients_with_completion(grads) : detail::AveragedGradients{};
   const std::vector<Tensor>& use = replica != nullptr ? averaged.grads : grads;
   // Outside a replica the built-in optimizers update each variable with one fused op
-  // (fused_update); the counter is read once for all of them, before this step's increment.
-  Tensor count;
-  if (replica == nullptr) count = iterations_.value();
+  // (fused_update); the counter is read at most once for all of them, before this step's increment.
+  count_before_step_ = Tensor();
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!use[i].defined()) continue;
     Variable var = vars[i];
-    if (replica == nullptr && fused_update(var, use[i], count)) continue;
+    if (replica == nullptr && fused_update(var, use[i])) continue;
     update(var, use[i]);
   }
+  count_before_step_ = Tensor();
   // A replica's counter counts only steps whose all-reduces succeeded on every replica.
   iterations_.assign_add(averaged.completed.defined() ? averaged.completed : ones({}, i64, iterations_.device()));
 }
@@ -181,7 +186,7 @@ std::vector<std::string> SGD::slot_names() const {
   return {};
 }
 
-bool SGD::fused_update(const Variable& var, const Tensor& grad, const Tensor&) {
+bool SGD::fused_update(const Variable& var, const Tensor& grad) {
   // Plain SGD stays one assign_sub, which fuse_variable_updates turns into one accumulating GEMM.
   if (typeid(*this) != typeid(SGD) || (momentum_ == 0.0 && weight_decay_ == 0.0) || !fusable(var, grad)) return false;
   detail::OptimizerUpdateAttrs attrs;
@@ -224,10 +229,8 @@ Adam::Adam(double lr, double beta1, double beta2, double eps, double weight_deca
   if (!(eps > 0.0) || !std::isfinite(eps)) detail::fail<InvalidArgument>("Adam: eps must be > 0; got {}", eps);
 }
 
-bool Adam::fused_update(const Variable& var, const Tensor& grad, const Tensor& count) {
-  if ((typeid(*this) != typeid(Adam) && typeid(*this) != typeid(AdamW)) || !count.defined() || !fusable(var, grad)) {
-    return false;
-  }
+bool Adam::fused_update(const Variable& var, const Tensor& grad) {
+  if ((typeid(*this) != typeid(Adam) && typeid(*this) != typeid(AdamW)) || !fusable(var, grad)) return false;
   detail::OptimizerUpdateAttrs attrs;
   attrs.rule = detail::UpdateRule::adam;
   attrs.var = detail::VariableAccess::state(var);
@@ -238,7 +241,7 @@ bool Adam::fused_update(const Variable& var, const Tensor& grad, const Tensor& c
   attrs.beta2 = beta2_;
   attrs.eps = eps_;
   attrs.weight_decay = weight_decay_;
-  detail::optimizer_update(attrs, grad, count);
+  detail::optimizer_update(attrs, grad, count_before_step());
   return true;
 }
 
