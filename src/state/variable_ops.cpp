@@ -141,6 +141,7 @@ Op assign_matmul_op{.name = "assign_matmul",
                     .resource = &writes_variable,
                     .node_name = &update_node_name};
 
+// Also registers optimizer_update (state/optimizer_update.hpp), the other op that writes variables.
 void add_state_ops(std::vector<Op*>& ops) {
   ops.insert(ops.end(), {&read_variable_op, &assign_variable_op, &assign_matmul_op, &optimizer_update_op});
 }
