@@ -120,7 +120,7 @@ TEST_CASE("each vector math table stays within its stated ulp bound over the f32
         const Worst w = worst_error(f, table->*f.entry, x);
         if (w.ulp > all.ulp || std::isnan(w.ulp)) all = w;
       }
-      MESSAGE(std::string(table->isa) << " " << f.name << ": worst " << all.ulp << " ulp at " << all.at);
+      MESSAGE(std::string(table->isa) << " " << std::string(f.name) << ": worst " << all.ulp << " ulp at " << all.at);
       CHECK(all.ulp <= f.bound_ulp);
     }
   }

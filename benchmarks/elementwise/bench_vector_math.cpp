@@ -6,7 +6,7 @@
 //   - before: what flowlet used until issue 18: glibc libmvec's AVX2 entry points for exp, log and
 //     tanh, and the scalar functor loop (libm expf / erff per element) for sigmoid and erf;
 //   - libtorch's at::exp etc. on the same 16M elements, for information.
-// About 15 s. Print `uptime` beside the figures; see ../README.md.
+// About 30 s. Figures and how they were taken: docs/notes18/vecmath.md.
 #include <immintrin.h>
 
 #include <cmath>

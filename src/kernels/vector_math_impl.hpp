@@ -11,7 +11,7 @@
 // 61st f32 bit pattern and dense sweeps, denormal results included; asserted by
 // tests/test_vector_math.cpp; the figures in docs/notes18/vecmath.md):
 //   exp <= 1, log <= 1, tanh <= 2, sigmoid <= 3, erf <= 3
-// (measured worst on AVX2: 0.98, 0.86, 1.50, 2.28, 2.45).
+// (measured worst on AVX2: 0.98, 0.92, 1.50, 2.28, 2.45).
 // Special values follow C99 Annex F: NaN in gives NaN; exp(-inf) = 0, exp(+inf) = +inf;
 // log(+-0) = -inf, log(x < 0) = NaN, log(+inf) = +inf; tanh, erf keep the sign of zero and
 // saturate to +-1; sigmoid(-inf) = 0, sigmoid(+inf) = 1. Overflow gives +inf and underflow
@@ -54,35 +54,50 @@ inline F with_sign_of(F magnitude, F sign) {
   return (F)(((I)magnitude & 0x7fffffff) | ((I)sign & static_cast<int32_t>(0x80000000u)));
 }
 
-// exp: n = round(x / ln2), r = x - n ln2 in two FMA steps (|r| <= ln2/2), e^r = 1 + r + r^2 q(r),
-// then two multiplications by powers of two (2^n1 * 2^n2 = 2^n, each a normal number), so results
-// near overflow and in the denormal range are rounded once, correctly scaled.
+// e^x = p * 2^n: n = round(x / ln2), r = x - n ln2 in two FMA steps (|r| <= ln2/2, ln2's high
+// part has trailing zeros so n * it is exact), p = e^r = 1 + r + r^2 q(r). For |x| <= 104.
+template <class F, class I>
+struct ExpParts {
+  F p;
+  I n;
+};
+template <class F, class I>
+inline ExpParts<F, I> exp_parts(F x) {
+  const F magic = splat<F>(0x1.8p23f);  // adding it rounds to an integer, kept in the low bits
+  const F shifted = fmadd(x, splat<F>(0x1.715476p+0f), magic);  // x * log2(e)
+  const F n = shifted - magic;
+  F r = fmadd(n, splat<F>(-0x1.62e4p-1f), x);
+  r = fmadd(n, splat<F>(-0x1.7f7d1cp-20f), r);
+  static constexpr float q[] = {0x1.9f0866p-13f, 0x1.6d8cd6p-10f, 0x1.11127p-7f,
+                                0x1.55548ep-5f,  0x1.555554p-3f,  0x1.0p-1f};
+  return {fmadd(r * r, horner(r, q), r) + 1.0f, (I)shifted - (I)magic};
+}
+
+// exp over the whole f32 range: the scale 2^n is applied as 2^n1 * 2^n2 (each a normal number),
+// so results near overflow and in the denormal range are rounded once, correctly scaled.
 template <class F, class I>
 inline F exp_f32(F x) {
   // Clamped so that n stays in [-150, 129]: beyond, the result is 0 or +inf anyway. A NaN turns
   // into the bound here and is put back at the end.
   F clamped = x > -104.0f ? x : splat<F>(-104.0f);
   clamped = clamped < 89.0f ? clamped : splat<F>(89.0f);
-  const F magic = splat<F>(0x1.8p23f);  // adding it rounds to an integer, kept in the low bits
-  const F shifted = fmadd(clamped, splat<F>(0x1.715476p+0f), magic);  // x * log2(e)
-  const F n = shifted - magic;
-  const I n_int = (I)shifted - (I)magic;
-  F r = fmadd(n, splat<F>(-0x1.62e4p-1f), clamped);   // ln2's high bits: n * them is exact
-  r = fmadd(n, splat<F>(-0x1.7f7d1cp-20f), r);         // ln2's low bits
-  static constexpr float q[] = {0x1.9f0866p-13f, 0x1.6d8cd6p-10f, 0x1.11127p-7f,
-                                0x1.55548ep-5f,  0x1.555554p-3f,  0x1.0p-1f};
-  const F p = fmadd(r * r, horner(r, q), r) + 1.0f;
-  const I n1 = n_int >> 1;
-  const I n2 = n_int - n1;
-  const F scale1 = (F)((n1 + 127) << 23);
-  const F scale2 = (F)((n2 + 127) << 23);
-  const F y = (p * scale1) * scale2;
+  const ExpParts<F, I> parts = exp_parts<F, I>(clamped);
+  const I n1 = parts.n >> 1;
+  const I n2 = parts.n - n1;
+  const F y = (parts.p * (F)((n1 + 127) << 23)) * (F)((n2 + 127) << 23);
   return x != x ? x + x : y;
 }
 
-// log: x = 2^e m with m in [sqrt(1/2), sqrt(2)), f = m - 1 (exact), s = f / (2 + f),
-// log(m) = f - (f^2/2 - s (f^2/2 + R(s^2))) where R is the atanh series' tail, so the rounding
-// errors sit in small correction terms; + e ln2 in two parts.
+// exp where the caller guarantees x in [-87, 88] (a normal result) and no NaN: one scaling, no
+// clamps (tanh and erf, whose arguments are bounded).
+template <class F, class I>
+inline F exp_normal_f32(F x) {
+  const ExpParts<F, I> parts = exp_parts<F, I>(x);
+  return parts.p * (F)((parts.n + 127) << 23);
+}
+
+// log: x = 2^e m with m in [sqrt(1/2), sqrt(2)), f = m - 1 (exact), log(m) = f + f^2 R(f) (no
+// division; the rounding errors sit in the f^2 term), + e ln2 in two parts.
 template <class F, class I>
 inline F log_f32(F x) {
   const I tiny = x < 0x1p-126f;  // denormals (and zero and negatives, fixed below): scale up first
@@ -91,12 +106,9 @@ inline F log_f32(F x) {
   const I e = (offset >> 23) - (tiny & 23);
   const F m = (F)((offset & 0x7fffff) + 0x3f3504f3);
   const F f = m - 1.0f;
-  const F s = f / (f + 2.0f);
-  const F z = s * s;
-  static constexpr float tail[] = {2.0f / 9.0f, 2.0f / 7.0f, 2.0f / 5.0f, 2.0f / 3.0f};
-  const F big_r = z * horner(z, tail);
-  const F half_f2 = 0.5f * f * f;
-  const F log_m = f - (half_f2 - s * (half_f2 + big_r));
+  static constexpr float r[] = {0x1.1370f2p-4f,  -0x1.de3a18p-4f, 0x1.e77538p-4f,  -0x1.fc3548p-4f, 0x1.232dbep-3f,
+                                -0x1.555aacp-3f, 0x1.99a53cp-3f,  -0x1.000012p-2f, 0x1.555546p-2f,  -0x1.0p-1f};
+  const F log_m = fmadd(f * f, horner(f, r), f);
   const F ef = __builtin_convertvector(e, F);
   F y = fmadd(ef, splat<F>(0x1.62e4p-1f), fmadd(ef, splat<F>(0x1.7f7d1cp-20f), log_m));
   y = x == 0.0f ? splat<F>(-__builtin_inff()) : y;
@@ -106,7 +118,7 @@ inline F log_f32(F x) {
 }
 
 // tanh: |x| < 0.625: x + x^3 p(x^2); else (1 - e) / (1 + e) with e = exp(-2|x|) (no cancellation
-// there: 1 - e >= 0.71), sign restored.
+// there: 1 - e >= 0.71), sign restored (so tanh(-0) = -0).
 template <class F, class I>
 inline F tanh_f32(F x) {
   const F a = abs_of<F, I>(x);
@@ -114,9 +126,11 @@ inline F tanh_f32(F x) {
   static constexpr float p[] = {0x1.18e5e2p-9f, -0x1.0bf61p-7f, 0x1.638b9p-6f,
                                 -0x1.b9ee94p-5f, 0x1.111066p-3f, -0x1.555554p-2f};
   const F small = fmadd(a * z, horner(z, p), a);
-  const F e = exp_f32<F, I>(-2.0f * a);
+  // Beyond 10, tanh rounds to 1 (1 - e < 1 - 2^-25); clamping keeps exp's argument normal.
+  const F e = exp_normal_f32<F, I>(-2.0f * (a < 10.0f ? a : splat<F>(10.0f)));
   const F large = (1.0f - e) / (1.0f + e);
-  return with_sign_of<F, I>(a < 0.625f ? small : large, x);  // NaN: large is NaN too
+  const F y = with_sign_of<F, I>(a < 0.625f ? small : large, x);
+  return x != x ? x + x : y;
 }
 
 // sigmoid: e = exp(-|x|) never overflows; 1 / (1 + e) for x >= 0, e / (1 + e) below, so tiny
@@ -143,7 +157,7 @@ inline F erf_f32(F x) {
                                 0x1.e4290ap-3f,  0x1.7de6f6p-3f, 0x1.3ad5b6p-2f,  0x1.1b8092p-2f, 0x1.caa6f6p-12f};
   const F square_hi = clamped * clamped;
   const F square_lo = fmadd(clamped, clamped, -square_hi);
-  F e = exp_f32<F, I>(-square_hi);
+  F e = exp_normal_f32<F, I>(-square_hi);  // -square_hi in [-16, -0.76]
   e = fmadd(-e, square_lo, e);  // exp(-hi - lo) = exp(-hi) (1 - lo) to first order
   const F large = fmadd(-e, horner(t, g), splat<F>(1.0f));
   const F y = with_sign_of<F, I>(a < 0.875f ? small : large, x);
