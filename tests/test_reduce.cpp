@@ -325,6 +325,29 @@ TEST_CASE("argmax matches the reference and picks the first maximum") {
 // ---------------------------------------------------------------------------------------------
 // NaN and empty inputs
 
+TEST_CASE("f32 max finds a NaN or the maximum wherever it sits: vector body, vector tail, scalar tail") {
+  for (int64_t n : {1, 7, 8, 9, 31, 32, 33, 40, 63, 64, 65, 100, 1000}) {
+    for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+      CAPTURE(n);
+      CAPTURE(at);
+      std::vector<float> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = -1000.0f - static_cast<float>((i * 37) % 101);
+      v[static_cast<size_t>(at)] = -5.0f;  // the maximum, all others below -999
+      check_tensor(fl::max(fl::tensor(v, fl::Shape{n})), {-5.0}, fl::Shape{}, fl::f32, test::Tolerance{0, 0});
+      v[static_cast<size_t>(at)] = NAN;
+      check_tensor(fl::max(fl::tensor(v, fl::Shape{n})), {kNaN}, fl::Shape{}, fl::f32);
+      // Two rows: the NaN in the second only.
+      std::vector<float> rows(v.size() * 2, -3.0f);
+      std::copy(v.begin(), v.end(), rows.begin() + static_cast<std::ptrdiff_t>(n));
+      check_tensor(fl::max(fl::tensor(rows, fl::Shape{2, n}), {1}), {-3.0, kNaN}, fl::Shape{2}, fl::f32);
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  check_tensor(fl::max(fl::full(fl::Shape{77}, -inf, fl::f32)), {-inf}, fl::Shape{}, fl::f32);
+  check_tensor(fl::max(fl::tensor(std::vector<float>(70, -inf), fl::Shape{70}) + fl::tensor(std::vector<float>{0}, fl::Shape{1})),
+               {-inf}, fl::Shape{}, fl::f32);
+}
+
 TEST_CASE("max propagates NaN and argmax treats NaN as the maximum") {
   const fl::Tensor t = fl::tensor(std::vector<float>{1, NAN, 3, 4, 5, 6}, fl::Shape{2, 3});
   check_tensor(fl::max(t), {kNaN}, fl::Shape{}, fl::f32);

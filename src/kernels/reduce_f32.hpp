@@ -1,5 +1,6 @@
-// The f32 sum of a contiguous run: f32 vector lanes for pairs of elements, f64 for everything else.
+// f32 row kernels for the reductions (src/ops/reduce.cpp): the sum and the max of a contiguous run.
 //
+// Sum: f32 vector lanes for pairs of elements, f64 for everything else.
 // Why this shape: converting every element to f64 (the old loop) costs two conversions and two
 // f64 adds per 8 floats, which keeps the loop from keeping up with memory when part of the input
 // sits in L3. Here each lane first adds two elements in f32 (one rounding, relative error at most
@@ -17,5 +18,9 @@ namespace flowlet::detail {
 
 // Sum of x[0..n) as described above (n >= 0; 0 for an empty run).
 double sum_f32_run(const float* x, int64_t n);
+
+// Max of x[0..n): NaN if any element is NaN, -inf for an empty run. Branch-free vector lanes (the
+// generic lane loop compiled to compare-and-branch per element: 3 ns per element on random data).
+float max_f32_run(const float* x, int64_t n);
 
 }  // namespace flowlet::detail
