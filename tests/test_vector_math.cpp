@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/vector_math.hpp"
@@ -214,6 +215,65 @@ TEST_CASE("every instruction set the CPU has gives the same bits") {
     CHECK(differ == 0);
   }
 }
+
+// The 16-lane code (what vector_math_avx512.cpp compiles) run here on AVX2: GCC's generic 64-byte
+// vectors become pairs of 8-lane operations, so this checks the width-generic logic (the tail of a
+// 16-lane loop, shifts, conversions, selects) against the 8-lane table on any AVX2 machine, even
+// where no AVX-512 CPU is at hand to run the real thing (the test above does, where there is one).
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#include <immintrin.h>
+
+#include "kernels/vector_math_impl.hpp"
+
+namespace {
+using F16 = float __attribute__((vector_size(64)));
+using I16 = int32_t __attribute__((vector_size(64)));
+#define FLOWLET_WIDE_KERNEL(name)                                                                       \
+  struct name##_wide_kernel {                                                                           \
+    F16 operator()(F16 x) const { return flowlet::detail::name##_f32<F16, I16>(x); }                    \
+  };                                                                                                    \
+  void name##_wide(const float* in, float* out, int64_t n) {                                            \
+    flowlet::detail::apply_vector<F16>(in, out, n, name##_wide_kernel{});                               \
+  }
+FLOWLET_WIDE_KERNEL(exp)
+FLOWLET_WIDE_KERNEL(log)
+FLOWLET_WIDE_KERNEL(tanh)
+FLOWLET_WIDE_KERNEL(sigmoid)
+FLOWLET_WIDE_KERNEL(erf)
+#undef FLOWLET_WIDE_KERNEL
+}  // namespace
+#pragma GCC pop_options
+
+TEST_CASE("the 16-lane code gives the 8-lane table's bits (emulated on AVX2)") {
+  const VectorMathTable* avx2 = flowlet::detail::vector_math_avx2();
+  if (avx2 == nullptr) {
+    MESSAGE("no AVX2 + FMA here: nothing to compare");
+    return;
+  }
+  const std::vector<std::pair<VectorMathF32, VectorMathF32>> pairs = {
+      {&exp_wide, avx2->exp}, {&log_wide, avx2->log}, {&tanh_wide, avx2->tanh},
+      {&sigmoid_wide, avx2->sigmoid}, {&erf_wide, avx2->erf}};
+  std::vector<float> x = bit_sweep(1021);
+  x.insert(x.end(), kEdgeCases.begin(), kEdgeCases.end());
+  for (size_t f = 0; f < pairs.size(); ++f) {
+    CAPTURE(f);
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{17}, int64_t{31}, static_cast<int64_t>(x.size())}) {
+      CAPTURE(n);
+      std::vector<float> wide(static_cast<size_t>(n) + 1, -7.0f), narrow(static_cast<size_t>(n));
+      pairs[f].first(x.data(), wide.data(), n);
+      pairs[f].second(x.data(), narrow.data(), n);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        differ += std::bit_cast<uint32_t>(wide[static_cast<size_t>(i)]) != std::bit_cast<uint32_t>(narrow[static_cast<size_t>(i)]);
+      }
+      CHECK(differ == 0);
+      CHECK(wide[static_cast<size_t>(n)] == -7.0f);
+    }
+  }
+}
+#endif
 
 TEST_CASE("exp, log, tanh, sigmoid and erf ops: f32 contiguous, views, f64 and empty tensors") {
   struct Op {

@@ -31,8 +31,24 @@ inline F splat(float value) {
 
 template <class F>
 inline F fmadd(F a, F b, F c) {  // a * b + c with one rounding
-  if constexpr (sizeof(F) == 64) return _mm512_fmadd_ps(a, b, c);
-  else return _mm256_fmadd_ps(a, b, c);
+  if constexpr (sizeof(F) == 64) {
+#if defined(__AVX512F__)
+    return _mm512_fmadd_ps(a, b, c);
+#else
+    // 16 lanes without AVX-512 (tests/test_vector_math.cpp runs the 16-lane code on AVX2 this way):
+    // two 8-lane FMAs, the same rounding per lane.
+    using Half = float __attribute__((vector_size(32)));
+    const Half lo = _mm256_fmadd_ps(Half{a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]},
+                                    Half{b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]},
+                                    Half{c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]});
+    const Half hi = _mm256_fmadd_ps(Half{a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]},
+                                    Half{b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]},
+                                    Half{c[8], c[9], c[10], c[11], c[12], c[13], c[14], c[15]});
+    return F{lo[0], lo[1], lo[2], lo[3], lo[4], lo[5], lo[6], lo[7], hi[0], hi[1], hi[2], hi[3], hi[4], hi[5], hi[6], hi[7]};
+#endif
+  } else {
+    return _mm256_fmadd_ps(a, b, c);
+  }
 }
 
 // Horner's rule, highest coefficient first: c[0] * t^(N-1) + ... + c[N-1].
