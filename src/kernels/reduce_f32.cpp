@@ -12,14 +12,14 @@ using F32x8 = float __attribute__((vector_size(32)));
 using F64x4 = double __attribute__((vector_size(32)));
 using I32x8 = int32_t __attribute__((vector_size(32)));
 
-inline F32x8 load(const float* p) {
-  F32x8 v;
+// Vectors pass by reference, never by value: in a build without AVX (-Dnative=false) a 32-byte
+// vector argument or return value would have a different calling convention (GCC -Wpsabi).
+inline void load(F32x8& v, const float* p) {
   std::memcpy(&v, p, sizeof v);  // unaligned load
-  return v;
 }
 
 // acc[0..1] += the 8 lanes of v, widened to f64.
-inline void widen_add(F64x4* acc, F32x8 v) {
+inline void widen_add(F64x4* acc, const F32x8& v) {
   acc[0] += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), F64x4);
   acc[1] += __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), F64x4);
 }
@@ -32,7 +32,11 @@ double sum_f32_run(const float* x, int64_t n) {
   if (n < kBlock) {  // short rows (softmax over classes, small axes): two accumulators, no pairing
     F64x4 acc[2] = {};
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) widen_add(acc, load(x + i));
+    F32x8 v;
+    for (; i + 8 <= n; i += 8) {
+      load(v, x + i);
+      widen_add(acc, v);
+    }
     const F64x4 all = acc[0] + acc[1];
     double total = (all[0] + all[1]) + (all[2] + all[3]);
     for (; i < n; ++i) total += static_cast<double>(x[i]);
@@ -42,14 +46,20 @@ double sum_f32_run(const float* x, int64_t n) {
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
     // Lane j of pair sum k adds elements i + 8k + j and i + 32 + 8k + j.
-    widen_add(acc + 0, load(x + i) + load(x + i + 32));
-    widen_add(acc + 2, load(x + i + 8) + load(x + i + 40));
-    widen_add(acc + 4, load(x + i + 16) + load(x + i + 48));
-    widen_add(acc + 6, load(x + i + 24) + load(x + i + 56));
+    for (int k = 0; k < 4; ++k) {
+      F32x8 first, second;
+      load(first, x + i + 8 * k);
+      load(second, x + i + 32 + 8 * k);
+      widen_add(acc + 2 * k, first + second);
+    }
   }
   // Whole vectors of the tail (short rows: softmax, small axes) still go through the f64 lanes,
   // unpaired, rather than one add after another.
-  for (int k = 0; i + 8 <= n; i += 8, k = (k + 2) % 8) widen_add(acc + k, load(x + i));
+  for (int k = 0; i + 8 <= n; i += 8, k = (k + 2) % 8) {
+    F32x8 v;
+    load(v, x + i);
+    widen_add(acc + k, v);
+  }
   // Fixed-order combination: pairwise over the accumulators, then the lanes in order.
   const F64x4 quarter0 = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   const F64x4 quarter1 = (acc[4] + acc[5]) + (acc[6] + acc[7]);
@@ -66,13 +76,15 @@ float max_f32_run(const float* x, int64_t n) {
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
     for (int k = 0; k < 4; ++k) {
-      const F32x8 v = load(x + i + 8 * k);
+      F32x8 v;
+      load(v, x + i + 8 * k);
       best[k] = v > best[k] ? v : best[k];
       nan |= v != v;
     }
   }
   for (; i + 8 <= n; i += 8) {
-    const F32x8 v = load(x + i);
+    F32x8 v;
+    load(v, x + i);
     best[0] = v > best[0] ? v : best[0];
     nan |= v != v;
   }
