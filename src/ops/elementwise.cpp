@@ -78,12 +78,15 @@ void elementwise_infer(const OpCall& call, OutputSpec& spec) {
   }
 }
 
-// The f32 SIMD versions of the transcendentals (libmvec, kernels/vector_math.hpp), or null.
+// The f32 SIMD versions of the transcendentals (our polynomial kernels at the CPU's vector width,
+// kernels/vector_math.hpp), or null.
 template <class F>
 VectorMathF32 vector_f32() {
   if constexpr (std::is_same_v<F, Exp>) return vector_exp_f32();
   else if constexpr (std::is_same_v<F, Log>) return vector_log_f32();
   else if constexpr (std::is_same_v<F, Tanh>) return vector_tanh_f32();
+  else if constexpr (std::is_same_v<F, Sigmoid>) return vector_sigmoid_f32();
+  else if constexpr (std::is_same_v<F, Erf>) return vector_erf_f32();
   else return nullptr;
 }
 
