@@ -122,7 +122,7 @@ std::string run(const Options& o) {
     const auto epoch_start = std::chrono::steady_clock::now();
     for (int64_t first = 0; first < n; first += o.batch_size) {
       const int64_t size = std::min(o.batch_size, n - first);
-      const bool timed_apart = seen_shapes.insert(size).second;
+      const bool timed_apart = seen_shapes.insert(size).second || first == 0;  // as torch_mlp.py
       const auto begin = std::chrono::steady_clock::now();
       const at::Tensor index = order.slice(0, first, first + size);
       loss_sum += step(x_train.index_select(0, index), y_train.index_select(0, index)) * static_cast<double>(size);
