@@ -1,6 +1,6 @@
 // Datasets: the IDX reader on gzip and plain fixtures written here, its errors (hostile files and paths
 // included), Fashion-MNIST's file names and checks, Batches (every example once per epoch,
-// deterministic orders, extreme batch sizes), and the real files.
+// deterministic orders, extreme batch sizes, rows of views and of every element size), and the real files.
 #include <stdlib.h>
 #include <zlib.h>
 
@@ -395,6 +395,64 @@ TEST_CASE("Batches orders are deterministic per seed and epoch, and differ betwe
   // A fixed value pins the generator: orders must not change between versions or platforms.
   const std::vector<int64_t> small = Batches(indexed_dataset(8, 1), 8, /*seed=*/1).order();
   CHECK(small == std::vector<int64_t>{6, 1, 3, 4, 7, 0, 2, 5});
+}
+
+// Batch i of `batches` against the rows order[i * b, ...) picked one by one from the dataset's values.
+template <class T>
+void check_rows_match(const Batches& batches, const fl::Tensor& all, const fl::Tensor& batch, int64_t i) {
+  const std::vector<T> values = all.to_vector<T>();  // row-major, whatever the strides
+  const std::vector<T> got = batch.to_vector<T>();
+  const int64_t rows = all.shape()[0];
+  const auto width = static_cast<size_t>(rows == 0 ? 0 : all.numel() / rows);
+  REQUIRE(batch.dtype() == all.dtype());
+  REQUIRE(got.size() == width * static_cast<size_t>(batch.shape()[0]));
+  for (int64_t r = 0; r < batch.shape()[0]; ++r) {
+    const auto example = static_cast<size_t>(batches.order()[static_cast<size_t>(i * batches.batch_size() + r)]);
+    for (size_t j = 0; j < width; ++j) CHECK(got[static_cast<size_t>(r) * width + j] == values[example * width + j]);
+  }
+}
+
+TEST_CASE("Batches copies the rows of views and of every element size exactly") {
+  // images: a transposed view ([7, 5], not contiguous) of distinct f64 values; labels: i32 at an
+  // offset into a larger tensor (a slice).
+  std::vector<double> base(35);
+  for (size_t k = 0; k < base.size(); ++k) base[k] = 0.5 + static_cast<double>(k);
+  const fl::Tensor images = fl::transpose(fl::tensor(base, fl::Shape{5, 7}));
+  REQUIRE_FALSE(images.is_contiguous());
+  const fl::Tensor labels = fl::slice(fl::tensor(std::vector<int32_t>{90, 91, 0, 1, 2, 3, 4, 5, 6}, fl::Shape{9}), 0, 2, 7);
+  Batches batches(Dataset{images, labels}, 3, /*seed=*/5);
+  REQUIRE(batches.size() == 3);
+  for (uint64_t epoch = 0; epoch < 2; ++epoch) {
+    batches.reshuffle(epoch);
+    for (int64_t i = 0; i < batches.size(); ++i) {
+      const Dataset batch = batches[i];
+      CHECK(batch.images.shape() == fl::Shape{i == 2 ? 1 : 3, 5});
+      check_rows_match<double>(batches, images, batch.images, i);
+      check_rows_match<int32_t>(batches, labels, batch.labels, i);
+    }
+  }
+  // u8 rows of rank 3, one-byte labels; and rows of zero elements ([4, 0]).
+  std::vector<uint8_t> bytes(4 * 2 * 3);
+  for (size_t k = 0; k < bytes.size(); ++k) bytes[k] = static_cast<uint8_t>(k * 7);
+  const fl::Tensor cubes = fl::tensor(bytes, fl::Shape{4, 2, 3});
+  Batches small(Dataset{cubes, fl::tensor(std::vector<uint8_t>{9, 8, 7, 6}, fl::Shape{4})}, 3, /*seed=*/2);
+  for (int64_t i = 0; i < small.size(); ++i) {
+    const Dataset batch = small[i];
+    CHECK(batch.images.shape() == fl::Shape{i == 0 ? 3 : 1, 2, 3});
+    check_rows_match<uint8_t>(small, cubes, batch.images, i);
+  }
+  const Dataset empty_rows{fl::Tensor::empty(fl::Shape{4, 0}, fl::f32), indexed_dataset(4).labels};
+  Batches hollow(empty_rows, 3, /*seed=*/2);
+  CHECK(hollow[0].images.shape() == fl::Shape{3, 0});
+  CHECK(hollow[1].labels.to_vector<int64_t>() == std::vector<int64_t>{hollow.order()[3]});
+  // A batch outlives the Batches it came from and does not alias the dataset.
+  fl::Tensor kept;
+  {
+    const Dataset d = indexed_dataset(6);
+    kept = Batches(d, 6, /*seed=*/1)[0].images;
+    CHECK(kept.raw_data() != d.images.raw_data());
+  }
+  CHECK(kept.shape() == fl::Shape{6, 3});
 }
 
 TEST_CASE("Batches rejects bad arguments") {
