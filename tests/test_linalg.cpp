@@ -284,7 +284,7 @@ TEST_CASE("row, column and rank-1 products (BLAS-2 paths) accept transposed and 
 }
 
 // Thin products: a dimension of 10 as the MLP's output layer has (n = 10 forward and in h^T @ dy,
-// k = 10 in dy @ W2^T). f32 pieces of these shapes go to oneDNN's sgemm where the build has it
+// k = 10 in dy @ W2^T), or a batch of 8 (m = 8). f32 pieces of these shapes go to oneDNN's sgemm where the build has it
 // (kernels/gemm_thin.hpp), OpenBLAS otherwise; both must match the double reference through
 // transposed and strided views, inside a batch, and in the blocks of a product split over threads.
 TEST_CASE("thin products (a 10-wide dimension) match the double reference through views, batches and splits") {
@@ -294,7 +294,7 @@ TEST_CASE("thin products (a 10-wide dimension) match the double reference throug
     int64_t m, k, n;
   };
   // The last two are big enough to be split over the pool (by rows; by columns).
-  const Dims all[] = {{2, 256, 10}, {37, 10, 23}, {256, 64, 10}, {64, 10, 256}, {17, 3, 16},
+  const Dims all[] = {{2, 256, 10}, {37, 10, 23}, {256, 64, 10}, {64, 10, 256}, {17, 3, 16}, {8, 784, 256},
                       {1024, 10, 256}, {3001, 700, 10}, {10, 700, 3001}};
   for (fl::DType dt : {fl::f32, fl::f64}) {
     CAPTURE(dt);
@@ -322,7 +322,7 @@ TEST_CASE("thin products (a 10-wide dimension) match the double reference throug
       compared += check_product(ci, ai, w) ? 1 : 0;
     }
   }
-  CHECK(compared == 2 * (8 * 5 + 3));
+  CHECK(compared == 2 * (9 * 5 + 3));
 }
 
 // gemm_into, as the traced step's fused update (assign_matmul) calls it: beta 0 writes C without

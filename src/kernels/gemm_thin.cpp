@@ -10,7 +10,7 @@ namespace flowlet::detail {
 
 bool thin_sgemm_pays(int64_t m, int64_t n, int64_t k) {
 #ifdef FLOWLET_HAVE_DNNL
-  return m >= 2 && n >= 2 && k >= 2 && (n <= 16 || k <= 16);
+  return m >= 2 && n >= 2 && k >= 2 && (m <= 16 || n <= 16 || k <= 16);
 #else
   (void)m, (void)n, (void)k;
   return false;
