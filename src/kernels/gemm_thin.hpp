@@ -1,10 +1,9 @@
 // f32 products with a thin dimension (a 10-class layer's n = 10, its gradient's k = 10, a batch of
-// 8's m = 8) through
-// oneDNN's sgemm (Debian's libdnnl-dev), on the calling thread. Measured side by side on the 2-core
-// VM (one thread each, docs/notes18/gemm.md) oneDNN took 0.5-0.95x OpenBLAS's time at these shapes,
-// where OpenBLAS's packing and blocking are sized for big products; at square and 784-wide shapes
-// the two are level, so everything else stays with OpenBLAS. Without oneDNN at build time
-// (FLOWLET_HAVE_DNNL undefined) thin_sgemm declines and OpenBLAS does all.
+// 8's m = 8) through oneDNN's sgemm (Debian's libdnnl-dev), on the calling thread. Measured side by
+// side on the 2-core VM (one thread each, docs/notes18/gemm.md) oneDNN took 0.5-0.95x OpenBLAS's
+// time at these shapes, where OpenBLAS's packing and blocking are sized for big products; at square
+// and 784-wide shapes the two are level, so everything else stays with OpenBLAS. Without oneDNN at
+// build time (FLOWLET_HAVE_DNNL undefined) thin_sgemm declines and OpenBLAS does all.
 #pragma once
 
 #include <cstdint>
