@@ -2,7 +2,7 @@
 # Every target installs what it needs with scripts/install_deps.sh (apt, only when missing).
 
 DEPS := meson ninja-build pkg-config xtensor-dev xtl-dev libxsimd-dev libfmt-dev \
-        doctest-dev libopenblas-dev ccache g++ python3 gzip zlib1g-dev \
+        doctest-dev libopenblas-dev libdnnl-dev ccache g++ python3 gzip zlib1g-dev \
         libopenmpi-dev openmpi-bin libdlpack-dev libbenchmark-dev
 DEMO_PACKAGES := dataset-fashion-mnist
 BENCH_PACKAGES := libtorch-dev

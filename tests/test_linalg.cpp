@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/gemm.hpp"
 #include "support/reference.hpp"
 
 using test::check_op_throws;
@@ -280,4 +281,74 @@ TEST_CASE("row, column and rank-1 products (BLAS-2 paths) accept transposed and 
     }
   }
   CHECK(compared == 50);
+}
+
+// Thin products: a dimension of 10 as the MLP's output layer has (n = 10 forward and in h^T @ dy,
+// k = 10 in dy @ W2^T), or a batch of 8 (m = 8). f32 pieces of these shapes go to oneDNN's sgemm where the build has it
+// (kernels/gemm_thin.hpp), OpenBLAS otherwise; both must match the double reference through
+// transposed and strided views, inside a batch, and in the blocks of a product split over threads.
+TEST_CASE("thin products (a 10-wide dimension) match the double reference through views, batches and splits") {
+  int compared = 0;
+  uint64_t seed = 500;
+  struct Dims {
+    int64_t m, k, n;
+  };
+  // The last two are big enough to be split over the pool (by rows; by columns).
+  const Dims all[] = {{2, 256, 10}, {37, 10, 23}, {256, 64, 10}, {64, 10, 256}, {17, 3, 16}, {8, 784, 256},
+                      {1024, 10, 256}, {3001, 700, 10}, {10, 700, 3001}};
+  for (fl::DType dt : {fl::f32, fl::f64}) {
+    CAPTURE(dt);
+    for (const Dims& d : all) {
+      CAPTURE(d.m);
+      CAPTURE(d.k);
+      CAPTURE(d.n);
+      const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
+      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      const fl::Tensor a_t = fl::transpose(test::make(test::values(fl::transpose(a)), fl::Shape{d.k, d.m}, dt));
+      const fl::Tensor b_t = fl::transpose(test::make(test::values(fl::transpose(b)), fl::Shape{d.n, d.k}, dt));
+      compared += check_product(fl::matmul(a, b), a, b) ? 1 : 0;
+      compared += check_product(fl::matmul(a_t, b), a, b) ? 1 : 0;
+      compared += check_product(fl::matmul(a, b_t), a, b) ? 1 : 0;
+      compared += check_product(fl::matmul(a_t, b_t), a, b) ? 1 : 0;
+      compared += check_product(fl::matmul(test::strided_view(a), test::strided_view(b)), a, b) ? 1 : 0;
+    }
+    // A batch of thin products against a shared rank-2 operand, each matrix checked on its own.
+    const fl::Tensor batch = fl::randn(fl::Shape{3, 40, 256}, seed++, dt);
+    const fl::Tensor w = fl::randn(fl::Shape{256, 10}, seed++, dt);
+    const fl::Tensor product = fl::matmul(batch, w);
+    for (int64_t i = 0; i < 3; ++i) {
+      const fl::Tensor ai = fl::reshape(fl::slice(batch, 0, i, 1).contiguous(), fl::Shape{40, 256});
+      const fl::Tensor ci = fl::reshape(fl::slice(product, 0, i, 1).contiguous(), fl::Shape{40, 10});
+      compared += check_product(ci, ai, w) ? 1 : 0;
+    }
+  }
+  CHECK(compared == 2 * (9 * 5 + 3));
+}
+
+// gemm_into, as the traced step's fused update (assign_matmul) calls it: beta 0 writes C without
+// reading it (NaN there must not leak in), beta 1 adds the product to C; thin and square shapes.
+TEST_CASE("gemm_into overwrites (beta 0, never reading C) or accumulates (beta 1) on every path") {
+  uint64_t seed = 600;
+  struct Dims {
+    int64_t m, k, n;
+  };
+  for (fl::DType dt : {fl::f32, fl::f64}) {
+    CAPTURE(dt);
+    for (const Dims& d : {Dims{256, 64, 10}, Dims{64, 10, 256}, Dims{33, 47, 29}, Dims{300, 200, 250}}) {
+      CAPTURE(d.m);
+      CAPTURE(d.k);
+      CAPTURE(d.n);
+      const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
+      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      const fl::Tensor a_t = fl::transpose(test::make(test::values(fl::transpose(a)), fl::Shape{d.k, d.m}, dt));
+      fl::Tensor c = test::make(std::vector<double>(static_cast<size_t>(d.m * d.n), std::nan("")), fl::Shape{d.m, d.n}, dt);
+      fl::detail::gemm_into(a_t, b, c, 2.0, 0.0);
+      const Host twice = test::unary_ref(test::matmul_ref(test::host(a), test::host(b)), [](double x) { return 2 * x; });
+      CHECK(check_tensor(c, twice.values, twice.shape, dt, test::Tolerance{1e-4, 1e-4}));
+      // c = 2 a b now; adding a b once more gives 3 a b.
+      fl::detail::gemm_into(a, b, c, 1.0, 1.0);
+      const Host thrice = test::unary_ref(test::matmul_ref(test::host(a), test::host(b)), [](double x) { return 3 * x; });
+      CHECK(check_tensor(c, thrice.values, thrice.shape, dt, test::Tolerance{1e-4, 1e-4}));
+    }
+  }
 }

@@ -1,4 +1,5 @@
-// matmul: rank 2 and batched rank 3, through single-threaded OpenBLAS calls spread over the pool.
+// matmul: rank 2 and batched rank 3, through single-threaded BLAS calls spread over the pool:
+// OpenBLAS, or oneDNN's sgemm for thin f32 pieces (kernels/gemm_thin.hpp).
 // Transposed views go to BLAS as a transpose flag, not a copy; other strided inputs are copied once.
 // f16 and bf16 (storage types, as for elementwise ops) multiply as f32 copies with f32 accumulation
 // and round the result back once; CUDA does the same inside cuBLAS (CUBLAS_COMPUTE_32F).
@@ -18,6 +19,7 @@
 #include "runtime/thread_pool.hpp"
 #include "kernels/blas_threads.hpp"
 #include "kernels/elementwise_loop.hpp"
+#include "kernels/gemm_thin.hpp"
 #include "ops/gemm.hpp"
 #include "ops/known_ops.hpp"
 #include "ops/registry.hpp"
@@ -95,7 +97,8 @@ constexpr double kGemmWorkPerThread = 160.0 * 160.0 * 160.0;
 // AVX-512 machine tile a block's edge in another order).
 constexpr int64_t kGemmAlign = 16;
 
-// C rows [r0, r1) and columns [c0, c1) of one matrix of the batch: one single-threaded BLAS call.
+// C rows [r0, r1) and columns [c0, c1) of one matrix of the batch: one single-threaded BLAS call
+// (oneDNN's sgemm for a thin f32 piece, OpenBLAS otherwise).
 void gemm_block(DType dtype, const BlasOperand& pa, const BlasOperand& pb, const char* ai, const char* bi,
                 char* ci, int64_t n, int64_t k, int64_t r0, int64_t r1, int64_t c0, int64_t c1, double alpha,
                 double beta) {
@@ -106,6 +109,12 @@ void gemm_block(DType dtype, const BlasOperand& pa, const BlasOperand& pb, const
   ci += (r0 * n + c0) * element;
   const int M = static_cast<int>(r1 - r0), N = static_cast<int>(c1 - c0), K = static_cast<int>(k);
   const int ldc = static_cast<int>(n);
+  if (dtype == f32 && thin_sgemm_pays(M, N, K) &&
+      thin_sgemm(pa.transpose != CblasNoTrans, pb.transpose != CblasNoTrans, M, N, K, static_cast<float>(alpha),
+                 reinterpret_cast<const float*>(ai), pa.leading, reinterpret_cast<const float*>(bi), pb.leading,
+                 static_cast<float>(beta), reinterpret_cast<float*>(ci), ldc)) {
+    return;  // oneDNN took a thin product (kernels/gemm_thin.hpp)
+  }
   if (dtype == f32) {
     cblas_sgemm(CblasRowMajor, pa.transpose, pb.transpose, M, N, K, static_cast<float>(alpha),
                 reinterpret_cast<const float*>(ai), pa.leading, reinterpret_cast<const float*>(bi), pb.leading,

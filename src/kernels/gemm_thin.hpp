@@ -1,0 +1,25 @@
+// f32 products with a thin dimension (a 10-class layer's n = 10, its gradient's k = 10, a batch of
+// 8's m = 8) through oneDNN's sgemm (Debian's libdnnl-dev), on the calling thread. Measured side by
+// side on the 2-core VM (one thread each, docs/notes18/gemm.md) oneDNN took 0.5-0.95x OpenBLAS's
+// time at these shapes, where OpenBLAS's packing and blocking are sized for big products; at square
+// and 784-wide shapes the two are level, so everything else stays with OpenBLAS. Without oneDNN at
+// build time (FLOWLET_HAVE_DNNL undefined) thin_sgemm declines and OpenBLAS does all.
+#pragma once
+
+#include <cstdint>
+
+namespace flowlet::detail {
+
+// Whether an M x N x K f32 product (one single-threaded piece) goes to oneDNN: M, N or K at most
+// 16, neither M nor N 1 (GEMV's), K at least 2 (a rank-1 update was slower in oneDNN). False when
+// the build has no oneDNN.
+bool thin_sgemm_pays(int64_t m, int64_t n, int64_t k);
+
+// Row-major C = alpha * op(A) op(B) + beta * C as cblas_sgemm(CblasRowMajor, ...) takes it
+// (transposes as flags, leading dimensions in elements), on the calling thread only: oneDNN's
+// OpenMP thread count is set to 1 for the call and restored after, so it never starts threads of
+// its own. Returns false (C untouched) when oneDNN is absent or refused the call.
+bool thin_sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+}  // namespace flowlet::detail
