@@ -5,6 +5,7 @@
 // relu activation); pooling on hand-worked cases (tie rule, ceil_mode, count_include_pad); traced
 // against eager; and the error paths the op table does not reach.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -363,6 +364,45 @@ TEST_CASE("pooling with ceil_mode and count_include_pad") {
   CHECK(fl::max_pool2d(fl::zeros(fl::Shape{1, 1, 5, 5}), {.kernel = 2, .stride = 3, .ceil_mode = true}).shape() == fl::Shape{1, 1, 2, 2});
   CHECK(fl::max_pool2d(fl::zeros(fl::Shape{1, 1, 4, 4}), {.kernel = 2, .stride = 3, .padding = 1, .ceil_mode = true}).shape() ==
         fl::Shape{1, 1, 2, 2});
+}
+
+TEST_CASE("2x2 max pooling (its own kernels) and its gradient match a naive loop: ties, NaNs, odd sizes") {
+  // Values from a few integers, so windows tie often; a NaN in some windows (it wins, the first
+  // one among several); 7x23 planes leave a row and a column outside every window (gradient 0),
+  // and their 11 windows a row take the 8-wide f32 loop and its scalar tail.
+  for (fl::DType dt : {fl::f64, fl::f32}) {
+    INFO(fl::dtype_name(dt));
+    const int64_t n = 3, c = 5, h = 7, w = 23, oh = 3, ow = 11;
+    std::vector<double> xs = test::values(test::random_tensor({n, c, h, w}, 500, fl::f64));
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::round(xs[i] * 1.5);
+    // (plane, row, column): NaNs second in window (0, 1), last in (0, 0) and (0, 2), second in the
+    // tail window (1, 9); third in (2, 4); first and last in (0, 0); in the column outside every window.
+    for (const auto [plane, row, col] : std::vector<std::array<int64_t, 3>>{
+             {0, 0, 3}, {0, 1, 1}, {0, 1, 5}, {0, 2, 19}, {1, 4, 9}, {2, 0, 0}, {2, 1, 1}, {3, 0, 22}})
+      xs[static_cast<size_t>((plane * h + row) * w + col)] = std::nan("");
+    const fl::Tensor x = test::make(xs, {n, c, h, w}, dt);
+    const fl::Tensor dy = test::random_tensor({n, c, oh, ow}, 501, dt);
+    const std::vector<double> gy = test::values(dy);
+    std::vector<double> want_y(static_cast<size_t>(n * c * oh * ow)), want_dx(xs.size(), 0.0);
+    for (int64_t p = 0; p < n * c; ++p)
+      for (int64_t oy = 0; oy < oh; ++oy)
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          size_t best = static_cast<size_t>((p * h + 2 * oy) * w + 2 * ox);
+          for (int64_t i = 0; i < 2; ++i)
+            for (int64_t j = 0; j < 2; ++j) {
+              const size_t at = static_cast<size_t>((p * h + 2 * oy + i) * w + 2 * ox + j);
+              if (xs[at] > xs[best] || (std::isnan(xs[at]) && !std::isnan(xs[best]))) best = at;
+            }
+          const size_t out = static_cast<size_t>((p * oh + oy) * ow + ox);
+          want_y[out] = xs[best];
+          want_dx[best] = gy[out];
+        }
+    fl::GradientTape tape;
+    tape.watch(x);
+    const fl::Tensor y = fl::max_pool2d(x, 2);
+    check_tensor(y, want_y, {n, c, oh, ow}, dt);
+    check_tensor(tape.gradient(fl::sum(y * dy), std::vector<fl::Tensor>{x})[0], want_dx, {n, c, h, w}, dt);
+  }
 }
 
 TEST_CASE("pooling matches the naive loop on random inputs, f32 and f64, threaded") {
