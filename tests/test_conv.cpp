@@ -177,9 +177,33 @@ std::vector<double> naive_backward_input(const std::vector<double>& dy, const st
   return dx;
 }
 
+// dw of a stride-1, dilation-1 convolution, as a naive f64 loop: dw[o][ci][i][j] = sum over images
+// and outputs of dy[o][oy][ox] x[group's ci][oy + i - pad_top][ox + j - pad_left].
+std::vector<double> naive_backward_weight(const std::vector<double>& x, const std::vector<double>& dy,
+                                          const fl::detail::ConvGeometry& g) {
+  const int64_t cg = g.c / g.groups, og = g.o / g.groups;
+  std::vector<double> dw(static_cast<size_t>(g.o * cg * g.kh * g.kw), 0.0);
+  for (int64_t b = 0; b < g.n; ++b)
+    for (int64_t oc = 0; oc < g.o; ++oc)
+      for (int64_t ci = 0; ci < cg; ++ci)
+        for (int64_t i = 0; i < g.kh; ++i)
+          for (int64_t j = 0; j < g.kw; ++j) {
+            double sum = 0;
+            for (int64_t oy = 0; oy < g.oh; ++oy)
+              for (int64_t ox = 0; ox < g.ow; ++ox) {
+                const int64_t iy = oy + i - g.pad_top, ix = ox + j - g.pad_left;
+                if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+                sum += dy[static_cast<size_t>(((b * g.o + oc) * g.oh + oy) * g.ow + ox)] *
+                       x[static_cast<size_t>(((b * g.c + (oc / og) * cg + ci) * g.h + iy) * g.w + ix)];
+              }
+            dw[static_cast<size_t>(((oc * cg + ci) * g.kh + i) * g.kw + j)] += sum;
+          }
+  return dw;
+}
+
 }  // namespace
 
-TEST_CASE("Winograd conv2d and its input gradient (3x3, 5x5, stride 1) match naive f64 loops") {
+TEST_CASE("Winograd conv2d and its gradients (3x3, 5x5, stride 1) match naive f64 loops") {
   // Odd output sizes (tiles past the edge), channel counts that are no multiple of the 8-wide
   // vectors, groups, asymmetric pads and pads wider than the kernel (negative pads for the input
   // gradient), bias and relu. Winograd's f32 error grows with the transforms' coefficients, so it is
@@ -235,6 +259,12 @@ TEST_CASE("Winograd conv2d and its input gradient (3x3, 5x5, stride 1) match nai
     fl::detail::conv2d_winograd_backward_input(g, dy.data<float>(), w.data<float>(), dx.data<float>());
     const std::vector<double> want_dx = naive_backward_input(test::values(dy), test::values(w), g);
     check_tensor(dx, want_dx, c.x, fl::f32, within(want_dx));
+
+    REQUIRE(fl::detail::winograd_backward_weight_applies(g));
+    fl::Tensor dw = fl::full(c.w, 123.0f);  // overwritten, never accumulated into
+    fl::detail::conv2d_winograd_backward_weight(g, x.data<float>(), dy.data<float>(), dw.data<float>());
+    const std::vector<double> want_dw = naive_backward_weight(test::values(x), test::values(dy), g);
+    check_tensor(dw, want_dw, c.w, fl::f32, within(want_dw));
   }
 }
 

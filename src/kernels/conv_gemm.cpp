@@ -1,5 +1,7 @@
 // im2col + GEMM convolutions on the CPU (see conv_gemm.hpp). A work item is one image of one
-// group; items split over flowlet's pool in contiguous ranges, one column buffer per chunk.
+// group; items split over flowlet's pool in contiguous ranges, one column buffer per chunk. The
+// three entry points hand the shapes Winograd computes faster (f32, 3x3 or 5x5, stride 1) to
+// conv_winograd.cpp.
 #include "kernels/conv_gemm.hpp"
 
 #include <algorithm>
@@ -224,6 +226,9 @@ void conv2d_backward_input_cpu(const ConvGeometry& g, const T* dy, const T* w, T
 
 template <class T>
 void conv2d_backward_weight_cpu(const ConvGeometry& g, const T* x, const T* dy, T* dw) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (winograd_backward_weight_applies(g) && winograd_enabled()) return conv2d_winograd_backward_weight(g, x, dy, dw);
+  }
   use_pool_threads_only();
   const int64_t cg = g.c / g.groups, og = g.o / g.groups, k = cg * g.kh * g.kw, positions = g.oh * g.ow;
   const int64_t items = g.n * g.groups, weights = g.o * k;

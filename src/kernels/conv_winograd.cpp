@@ -63,6 +63,20 @@ constexpr Matrix<6, 5> kG5{{{1.0 / 4, 0, 0, 0, 0},
                             {0, 0, 0, 0, 1}}};
 constexpr Matrix<2, 6> kAt5{{{1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -2, 1}}};
 
+// The weight gradient is F(r, 2): r outputs from the same alpha-input windows and a 2-tap "kernel"
+// (a 2x2 tile of dy). With the same points and B^T, sum_j p_j^e s_j B^T[j][s] = [s == e] (the
+// identity F(2, r) rests on, s_j the row scales of G) gives A'^T[i][j] = p_j^i (i < r) and
+// G'[j][k] = s_j p_j^k (k < 2), the point at infinity in the last row and column.
+constexpr Matrix<3, 4> kWeightAt3{{{1, 1, 1, 0}, {0, 1, -1, 0}, {0, 1, 1, 1}}};
+constexpr Matrix<4, 2> kWeightG3{{{1, 0}, {0.5, 0.5}, {0.5, -0.5}, {0, 1}}};
+constexpr Matrix<5, 6> kWeightAt5{{{1, 1, 1, 1, 1, 0},
+                                   {0, 1, -1, 2, -2, 0},
+                                   {0, 1, 1, 4, 4, 0},
+                                   {0, 1, -1, 8, -8, 0},
+                                   {0, 1, 1, 16, 16, 1}}};
+constexpr Matrix<6, 2> kWeightG5{
+    {{1.0 / 4, 0}, {1.0 / 6, 1.0 / 6}, {1.0 / 6, -1.0 / 6}, {1.0 / 24, 2.0 / 24}, {1.0 / 24, -2.0 / 24}, {0, 1}}};
+
 template <class M>
 std::vector<double> flat(const M& matrix) {
   std::vector<double> out;
@@ -78,12 +92,16 @@ struct Tables<3> {
   static constexpr const Matrix<4, 4>& bt = kBt3;
   static constexpr const Matrix<4, 3>& g = kG3;
   static constexpr const Matrix<2, 4>& at = kAt3;
+  static constexpr const Matrix<3, 4>& weight_at = kWeightAt3;
+  static constexpr const Matrix<4, 2>& weight_g = kWeightG3;
 };
 template <>
 struct Tables<5> {
   static constexpr const Matrix<6, 6>& bt = kBt5;
   static constexpr const Matrix<6, 5>& g = kG5;
   static constexpr const Matrix<2, 6>& at = kAt5;
+  static constexpr const Matrix<5, 6>& weight_at = kWeightAt5;
+  static constexpr const Matrix<6, 2>& weight_g = kWeightG5;
 };
 
 // out[u][v] = sum_{s,t} m[u][s] in[s][t] m[v][t] on 8 lanes; in is [NIn][NIn], out [NOut][NOut].
@@ -247,6 +265,126 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
   }
 }
 
+// The weight gradient for kernel size R: per block of tiles, V [alpha^2][tile][cg8] from the input
+// windows (as forward), D [alpha^2][tile][og8] = G' dy_tile G'^T from each tile's 2x2 of dy (zero
+// past the output's edge), and S_xi [og, cg8] += D_xi^T @ V_xi (K = the tiles: long, efficient
+// GEMMs); each chunk sums into its own S, and dw = A'^T S A' at the end.
+template <int R>
+void backward_weight(const ConvGeometry& g, const float* x, const float* dy, float* dw) {
+  constexpr int A = R + 1, A2 = A * A;
+  using T = Tables<R>;
+  use_pool_threads_only();
+  const int64_t cg = g.c / g.groups, og = g.o / g.groups;
+  const int64_t cg8 = round_up(cg, kLanes), og8 = round_up(og, kLanes), c8 = g.groups * cg8;
+  const int64_t tiles_h = (g.oh + 1) / 2, tiles_w = (g.ow + 1) / 2, per_image = tiles_h * tiles_w;
+  const int64_t tiles = g.n * per_image;
+  std::fill(dw, dw + g.o * cg * R * R, 0.0f);
+  if (tiles == 0 || og == 0 || cg == 0) return;
+
+  const double per_tile_bytes = static_cast<double>(A2 * (cg8 + og8)) * sizeof(float);
+  const int64_t block = std::clamp<int64_t>(static_cast<int64_t>(kBlockBytes / per_tile_bytes), 16, 512);
+  const int64_t blocks = (tiles + block - 1) / block;
+  const double work = static_cast<double>(g.n * g.o * g.oh * g.ow) * static_cast<double>(cg * R * R);
+  const int64_t chunks =
+      std::clamp<int64_t>(static_cast<int64_t>(std::min<double>(intra_op_threads(), work / kWorkPerThread)), 1, blocks);
+
+  const int64_t hp = 2 * tiles_h + A - 2, wp = 2 * tiles_w + A - 2;
+  const int64_t channel_blocks = g.n * c8 / kLanes;
+  std::vector<float> padded(static_cast<size_t>(channel_blocks * hp * wp * kLanes));
+  auto pad_input = [&](int64_t chunk) {
+    for (int64_t cb = channel_blocks * chunk / chunks; cb < channel_blocks * (chunk + 1) / chunks; ++cb) {
+      const int64_t image = cb / (c8 / kLanes), rest = cb % (c8 / kLanes);
+      const int64_t group = rest / (cg8 / kLanes), first = (rest % (cg8 / kLanes)) * kLanes;
+      float* to = padded.data() + cb * hp * wp * kLanes;
+      std::fill(to, to + hp * wp * kLanes, 0.0f);
+      for (int64_t k = 0; k < kLanes && first + k < cg; ++k) {
+        const float* from = x + (image * g.c + group * cg + first + k) * g.h * g.w;
+        for (int64_t py = std::max<int64_t>(0, g.pad_top); py < std::min(hp, g.h + g.pad_top); ++py)
+          for (int64_t px = std::max<int64_t>(0, g.pad_left); px < std::min(wp, g.w + g.pad_left); ++px)
+            to[(py * wp + px) * kLanes + k] = from[(py - g.pad_top) * g.w + px - g.pad_left];
+      }
+    }
+  };
+
+  // sums[chunk] = S [group][xi][og][cg8]
+  const size_t sum_size = static_cast<size_t>(g.groups * A2 * og * cg8);
+  std::vector<std::vector<float>> sums(static_cast<size_t>(chunks));
+  auto run = [&](int64_t chunk) {
+    std::vector<float>& sum = sums[static_cast<size_t>(chunk)];
+    sum.assign(sum_size, 0.0f);
+    const int64_t first = blocks * chunk / chunks, last = blocks * (chunk + 1) / chunks;
+    std::vector<float> v(static_cast<size_t>(A2 * block * cg8)), dd(static_cast<size_t>(A2 * block * og8));
+    v8 d[A2], vt[A2], tile_dy[4];
+    for (int64_t b = first; b < last; ++b) {
+      const int64_t q0 = b * block, count = std::min(block, tiles - q0);
+      for (int64_t group = 0; group < g.groups; ++group) {
+        for (int64_t t = 0; t < count; ++t) {
+          const int64_t q = q0 + t, image = q / per_image, rest = q % per_image;
+          const int64_t ty = rest / tiles_w, tx = rest % tiles_w;
+          const float* window =
+              padded.data() + (image * c8 + group * cg8) * hp * wp + (ty * wp + tx) * 2 * kLanes;
+          for (int64_t cb = 0; cb < cg8; cb += kLanes) {
+            const float* p = window + cb * hp * wp;
+            for (int s = 0; s < A; ++s)
+              for (int col = 0; col < A; ++col) d[s * A + col] = load(p + (s * wp + col) * kLanes);
+            transform_2d<A, A, T::bt>(d, vt);
+            for (int xi = 0; xi < A2; ++xi) store(&v[static_cast<size_t>((xi * block + t) * cg8 + cb)], vt[xi]);
+          }
+          // dy's 2x2 tile for 8 output channels at a time (zero past the edge and past og).
+          const int64_t oy = ty * 2, ox = tx * 2;
+          const float* at_dy = dy + (image * g.o + group * og) * g.oh * g.ow + oy * g.ow + ox;
+          for (int64_t ob = 0; ob < og8; ob += kLanes) {
+            float values[4][kLanes] = {};
+            for (int64_t k = 0; k < kLanes && ob + k < og; ++k) {
+              const float* plane = at_dy + (ob + k) * g.oh * g.ow;
+              for (int i = 0; i < 2 && oy + i < g.oh; ++i)
+                for (int j = 0; j < 2 && ox + j < g.ow; ++j) values[i * 2 + j][k] = plane[i * g.ow + j];
+            }
+            for (int k = 0; k < 4; ++k) tile_dy[k] = load(values[k]);
+            transform_2d<A, 2, T::weight_g>(tile_dy, vt);
+            for (int xi = 0; xi < A2; ++xi) store(&dd[static_cast<size_t>((xi * block + t) * og8 + ob)], vt[xi]);
+          }
+        }
+        for (int xi = 0; xi < A2; ++xi)
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(og), static_cast<int>(cg8),
+                      static_cast<int>(count), 1.0f, &dd[static_cast<size_t>(xi * block * og8)], static_cast<int>(og8),
+                      &v[static_cast<size_t>(xi * block * cg8)], static_cast<int>(cg8), 1.0f,
+                      &sum[static_cast<size_t>((group * A2 + xi) * og * cg8)], static_cast<int>(cg8));
+      }
+    }
+  };
+  if (chunks == 1) {
+    pad_input(0);
+    run(0);
+  } else {
+    run_chunks(chunks, FunctionRef<void(int64_t)>(pad_input));
+    run_chunks(chunks, FunctionRef<void(int64_t)>(run));
+  }
+  std::vector<float>& total = sums[0];
+  for (size_t chunk = 1; chunk < sums.size(); ++chunk)
+    for (size_t i = 0; i < sum_size; ++i) total[i] += sums[chunk][i];
+  // dw[o][c] = A'^T S A', in double (once per weight).
+  for (int64_t oc = 0; oc < g.o; ++oc)
+    for (int64_t ci = 0; ci < cg; ++ci) {
+      const int64_t group = oc / og, oi = oc % og;
+      double half[R][A];
+      for (int i = 0; i < R; ++i)
+        for (int q = 0; q < A; ++q) {
+          double acc = 0;
+          for (int p = 0; p < A; ++p)
+            acc += T::weight_at.m[i][p] * total[static_cast<size_t>(((group * A2 + p * A + q) * og + oi) * cg8 + ci)];
+          half[i][q] = acc;
+        }
+      float* kernel = dw + (oc * cg + ci) * R * R;
+      for (int i = 0; i < R; ++i)
+        for (int j = 0; j < R; ++j) {
+          double acc = 0;
+          for (int q = 0; q < A; ++q) acc += half[i][q] * T::weight_at.m[j][q];
+          kernel[i * R + j] = static_cast<float>(acc);
+        }
+    }
+}
+
 }  // namespace
 
 const WinogradTransform& winograd_transform(int r) {
@@ -290,6 +428,16 @@ void conv2d_winograd_backward_input(const ConvGeometry& g, const float* dy, cons
   t.o = g.c, t.oh = g.h, t.ow = g.w;
   t.pad_top = r - 1 - g.pad_top, t.pad_left = r - 1 - g.pad_left;
   conv2d_winograd_forward(t, dy, flipped.data(), nullptr, false, dx);
+}
+
+bool winograd_backward_weight_applies(const ConvGeometry& g) { return winograd_forward_applies(g); }
+
+void conv2d_winograd_backward_weight(const ConvGeometry& g, const float* x, const float* dy, float* dw) {
+  if (g.kh == 3) {
+    backward_weight<3>(g, x, dy, dw);
+  } else {
+    backward_weight<5>(g, x, dy, dw);
+  }
 }
 
 }  // namespace flowlet::detail

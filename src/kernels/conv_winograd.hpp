@@ -39,5 +39,10 @@ void conv2d_winograd_forward(const ConvGeometry& g, const float* x, const float*
                              float* y);
 // dx = the gradient of conv(x, w) wrt x given dy, as conv2d_backward_input_cpu; dx is overwritten.
 void conv2d_winograd_backward_input(const ConvGeometry& g, const float* dy, const float* w, float* dx);
+// The same for the weight gradient, F(r x r, 2x2) over 2x2 tiles of dy (each tile's r x r
+// contribution from the same (r+1) x (r+1) input windows).
+bool winograd_backward_weight_applies(const ConvGeometry& g);
+// dw = the gradient of conv(x, w) wrt w given dy, as conv2d_backward_weight_cpu; dw is overwritten.
+void conv2d_winograd_backward_weight(const ConvGeometry& g, const float* x, const float* dy, float* dw);
 
 }  // namespace flowlet::detail
