@@ -396,6 +396,25 @@ TEST_CASE("pooling with ceil_mode and count_include_pad") {
         fl::Shape{1, 1, 2, 2});
 }
 
+TEST_CASE("Winograd and 2x2 pooling kernels on an empty batch: empty outputs, a zero weight gradient") {
+  fl::detail::ConvGeometry g;
+  g.n = 0, g.c = 16, g.h = 6, g.w = 6, g.o = 16, g.kh = 3, g.kw = 3, g.oh = 6, g.ow = 6, g.pad_top = 1, g.pad_left = 1;
+  REQUIRE(fl::detail::winograd_backward_weight_applies(g));
+  const fl::Tensor x = fl::zeros(fl::Shape{0, 16, 6, 6}), w = test::random_tensor({16, 16, 3, 3}, 600);
+  fl::Tensor dw = fl::full(fl::Shape{16, 16, 3, 3}, 5.0f);
+  fl::detail::conv2d_winograd_backward_weight(g, x.data<float>(), x.data<float>(), dw.data<float>());
+  check_tensor(dw, std::vector<double>(static_cast<size_t>(dw.numel()), 0.0), dw.shape(), fl::f32);
+  // Through the ops (f32 takes the Winograd kernels; the pools the 2x2 ones).
+  fl::GradientTape tape;
+  tape.watch(x);
+  tape.watch(w);
+  const fl::Tensor y = fl::max_pool2d(fl::conv2d(x, w, {.padding = 1}), 2);
+  CHECK(y.shape() == fl::Shape{0, 16, 3, 3});
+  const std::vector<fl::Tensor> grads = tape.gradient(fl::sum(y), std::vector<fl::Tensor>{x, w});
+  CHECK(grads[0].shape() == x.shape());
+  check_tensor(grads[1], std::vector<double>(static_cast<size_t>(w.numel()), 0.0), w.shape(), fl::f32);
+}
+
 TEST_CASE("2x2 max pooling (its own kernels) and its gradient match a naive loop: ties, NaNs, odd sizes") {
   // Values from a few integers, so windows tie often; a NaN in some windows (it wins, the first
   // one among several); 7x23 planes leave a row and a column outside every window (gradient 0),
