@@ -12,6 +12,7 @@
 #include "kernels/conv_winograd.hpp"
 
 #include <algorithm>
+#include <memory>
 #include <stdexcept>
 
 #include <cblas.h>
@@ -189,12 +190,12 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
   // padded [n][group][cg8 / 8][hp][wp][8]; channels past cg are zero.
   const int64_t hp = 2 * tiles_h + A - 2, wp = 2 * tiles_w + A - 2;
   const int64_t channel_blocks = g.n * c8 / kLanes;
-  std::vector<float> padded(static_cast<size_t>(channel_blocks * hp * wp * kLanes));
+  const auto padded = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(channel_blocks * hp * wp * kLanes));
   auto pad_input = [&](int64_t chunk) {
     for (int64_t cb = channel_blocks * chunk / chunks; cb < channel_blocks * (chunk + 1) / chunks; ++cb) {
       const int64_t image = cb / (c8 / kLanes), rest = cb % (c8 / kLanes);
       const int64_t group = rest / (cg8 / kLanes), first = (rest % (cg8 / kLanes)) * kLanes;
-      float* to = padded.data() + cb * hp * wp * kLanes;
+      float* to = padded.get() + cb * hp * wp * kLanes;
       std::fill(to, to + hp * wp * kLanes, 0.0f);
       for (int64_t k = 0; k < kLanes && first + k < cg; ++k) {
         const float* from = x + (image * g.c + group * cg + first + k) * g.h * g.w;
@@ -207,7 +208,9 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
 
   auto run = [&](int64_t chunk) {
     const int64_t first = blocks * chunk / chunks, last = blocks * (chunk + 1) / chunks;
-    std::vector<float> v(static_cast<size_t>(A2 * block * cg8)), mm(static_cast<size_t>(A2 * block * og8));
+    // Uninitialized: every element a GEMM or transform reads is written first in its block.
+    const auto v = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(A2 * block * cg8));
+    const auto mm = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(A2 * block * og8));
     v8 d[A2], vt[A2], out[4];
     for (int64_t b = first; b < last; ++b) {
       const int64_t q0 = b * block, count = std::min(block, tiles - q0);
@@ -215,7 +218,7 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
         // Input transform: V[xi][tile][channel].
         for (int64_t t = 0; t < count; ++t) {
           const int64_t q = q0 + t, image = q / per_image, rest = q % per_image;
-          const float* window = padded.data() + (image * c8 + group * cg8) * hp * wp +
+          const float* window = padded.get() + (image * c8 + group * cg8) * hp * wp +
                                 ((rest / tiles_w) * wp + rest % tiles_w) * 2 * kLanes;
           for (int64_t cb = 0; cb < cg8; cb += kLanes) {
             const float* p = window + cb * hp * wp;
@@ -293,12 +296,12 @@ void backward_weight(const ConvGeometry& g, const float* x, const float* dy, flo
 
   const int64_t hp = 2 * tiles_h + A - 2, wp = 2 * tiles_w + A - 2;
   const int64_t channel_blocks = g.n * c8 / kLanes;
-  std::vector<float> padded(static_cast<size_t>(channel_blocks * hp * wp * kLanes));
+  const auto padded = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(channel_blocks * hp * wp * kLanes));
   auto pad_input = [&](int64_t chunk) {
     for (int64_t cb = channel_blocks * chunk / chunks; cb < channel_blocks * (chunk + 1) / chunks; ++cb) {
       const int64_t image = cb / (c8 / kLanes), rest = cb % (c8 / kLanes);
       const int64_t group = rest / (cg8 / kLanes), first = (rest % (cg8 / kLanes)) * kLanes;
-      float* to = padded.data() + cb * hp * wp * kLanes;
+      float* to = padded.get() + cb * hp * wp * kLanes;
       std::fill(to, to + hp * wp * kLanes, 0.0f);
       for (int64_t k = 0; k < kLanes && first + k < cg; ++k) {
         const float* from = x + (image * g.c + group * cg + first + k) * g.h * g.w;
@@ -316,7 +319,8 @@ void backward_weight(const ConvGeometry& g, const float* x, const float* dy, flo
     std::vector<float>& sum = sums[static_cast<size_t>(chunk)];
     sum.assign(sum_size, 0.0f);
     const int64_t first = blocks * chunk / chunks, last = blocks * (chunk + 1) / chunks;
-    std::vector<float> v(static_cast<size_t>(A2 * block * cg8)), dd(static_cast<size_t>(A2 * block * og8));
+    const auto v = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(A2 * block * cg8));
+    const auto dd = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(A2 * block * og8));
     v8 d[A2], vt[A2], tile_dy[4];
     for (int64_t b = first; b < last; ++b) {
       const int64_t q0 = b * block, count = std::min(block, tiles - q0);
@@ -325,7 +329,7 @@ void backward_weight(const ConvGeometry& g, const float* x, const float* dy, flo
           const int64_t q = q0 + t, image = q / per_image, rest = q % per_image;
           const int64_t ty = rest / tiles_w, tx = rest % tiles_w;
           const float* window =
-              padded.data() + (image * c8 + group * cg8) * hp * wp + (ty * wp + tx) * 2 * kLanes;
+              padded.get() + (image * c8 + group * cg8) * hp * wp + (ty * wp + tx) * 2 * kLanes;
           for (int64_t cb = 0; cb < cg8; cb += kLanes) {
             const float* p = window + cb * hp * wp;
             for (int s = 0; s < A; ++s)
