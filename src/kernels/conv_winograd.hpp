@@ -1,5 +1,5 @@
 // Winograd F(2x2, r x r) convolutions on the CPU, f32, for square 3x3 and 5x5 kernels with stride 1
-// and dilation 1 (src/kernels/conv_gemm.cpp routes conv2d and its input gradient here when they
+// and dilation 1 (src/kernels/conv_gemm.cpp routes conv2d and both its gradients here when they
 // apply). Each 2x2 block of outputs is computed from an (r+1) x (r+1) input tile with (r+1)^2
 // multiplications per channel pair instead of 4 r^2 (2.25x fewer for 3x3, 2.8x for 5x5): the
 // tiles' transforms are batched over blocks of tiles across the whole batch, and the (r+1)^2
