@@ -155,26 +155,29 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
   if (tiles == 0 || og == 0) return;
 
   // U [group][xi][cg][og8] = G w G^T for every kernel, in double (the weights are small next to
-  // the images); the columns past og are zero.
+  // the images); the columns past og are zero. Output channels [first, last), run by the chunks
+  // of the padding pass below.
   std::vector<float> u(static_cast<size_t>(g.groups * A2 * cg * og8), 0.0f);
-  for (int64_t oc = 0; oc < g.o; ++oc)
-    for (int64_t ci = 0; ci < cg; ++ci) {
-      const int64_t group = oc / og, oi = oc % og;
-      const float* kernel = w + (oc * cg + ci) * R * R;
-      double half[A][R];
-      for (int p = 0; p < A; ++p)
-        for (int l = 0; l < R; ++l) {
-          double sum = 0;
-          for (int k = 0; k < R; ++k) sum += T::g.m[p][k] * kernel[k * R + l];
-          half[p][l] = sum;
-        }
-      for (int p = 0; p < A; ++p)
-        for (int q = 0; q < A; ++q) {
-          double sum = 0;
-          for (int l = 0; l < R; ++l) sum += half[p][l] * T::g.m[q][l];
-          u[static_cast<size_t>(((group * A2 + p * A + q) * cg + ci) * og8 + oi)] = static_cast<float>(sum);
-        }
-    }
+  auto transform_weights = [&](int64_t first, int64_t last) {
+    for (int64_t oc = first; oc < last; ++oc)
+      for (int64_t ci = 0; ci < cg; ++ci) {
+        const int64_t group = oc / og, oi = oc % og;
+        const float* kernel = w + (oc * cg + ci) * R * R;
+        double half[A][R];
+        for (int p = 0; p < A; ++p)
+          for (int l = 0; l < R; ++l) {
+            double sum = 0;
+            for (int k = 0; k < R; ++k) sum += T::g.m[p][k] * kernel[k * R + l];
+            half[p][l] = sum;
+          }
+        for (int p = 0; p < A; ++p)
+          for (int q = 0; q < A; ++q) {
+            double sum = 0;
+            for (int l = 0; l < R; ++l) sum += half[p][l] * T::g.m[q][l];
+            u[static_cast<size_t>(((group * A2 + p * A + q) * cg + ci) * og8 + oi)] = static_cast<float>(sum);
+          }
+      }
+  };
   std::vector<float> shift(static_cast<size_t>(g.groups * og8), 0.0f);
   if (bias != nullptr)
     for (int64_t oc = 0; oc < g.o; ++oc) shift[static_cast<size_t>((oc / og) * og8 + oc % og)] = bias[oc];
@@ -192,6 +195,7 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
   const int64_t channel_blocks = g.n * c8 / kLanes;
   const auto padded = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(channel_blocks * hp * wp * kLanes));
   auto pad_input = [&](int64_t chunk) {
+    transform_weights(g.o * chunk / chunks, g.o * (chunk + 1) / chunks);
     for (int64_t cb = channel_blocks * chunk / chunks; cb < channel_blocks * (chunk + 1) / chunks; ++cb) {
       const int64_t image = cb / (c8 / kLanes), rest = cb % (c8 / kLanes);
       const int64_t group = rest / (cg8 / kLanes), first = (rest % (cg8 / kLanes)) * kLanes;
