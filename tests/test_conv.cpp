@@ -4,11 +4,14 @@
 // by central finite differences in f64 (the shared cases of support/conv_grad_cases.hpp plus the
 // relu activation); pooling on hand-worked cases (tie rule, ceil_mode, count_include_pad); traced
 // against eager; and the error paths the op table does not reach.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "kernels/conv_winograd.hpp"  // white-box (src/ on the include path): the Winograd kernels and their transforms
 #include "../src/ops/conv_attrs.hpp"  // white-box: the relu activation only the fusion pass sets
 #include "flowlet/trace.hpp"
 #include "support/conv_reference.hpp"
@@ -127,6 +130,142 @@ TEST_CASE("conv2d, its backward ops and pooling match central finite differences
     }
   }
   CHECK(cases >= 30);
+}
+
+TEST_CASE("the Winograd F(2, 3) and F(2, 5) transforms compute the 1-D correlation") {
+  // sum_j A^T[i][j] G[j][k] B^T[j][s] must be 1 where input s meets weight k for output i (s = i + k)
+  // and 0 elsewhere, which is y_i = sum_k g_k d_{i+k} for every d and g.
+  for (const int r : {3, 5}) {
+    INFO("r = ", r);
+    const fl::detail::WinogradTransform& t = fl::detail::winograd_transform(r);
+    REQUIRE(t.r == r);
+    REQUIRE(t.alpha == r + 1);
+    const int a = t.alpha;
+    for (int i = 0; i < 2; ++i)
+      for (int k = 0; k < r; ++k)
+        for (int s = 0; s < a; ++s) {
+          double sum = 0;
+          for (int j = 0; j < a; ++j) sum += t.at[i * a + j] * t.g[j * r + k] * t.bt[j * a + s];
+          CHECK(sum == doctest::Approx(s == i + k ? 1.0 : 0.0).epsilon(1e-12));
+        }
+  }
+  CHECK_THROWS_AS(fl::detail::winograd_transform(4), std::invalid_argument);
+}
+
+namespace {
+
+// dx of a stride-1, dilation-1 convolution, as a naive f64 loop: dx[c][iy][ix] = sum over o, i, j
+// of w[o][c % cg][i][j] dy[o][iy - i + pad_top][ix - j + pad_left] (within its group).
+std::vector<double> naive_backward_input(const std::vector<double>& dy, const std::vector<double>& w,
+                                         const fl::detail::ConvGeometry& g) {
+  const int64_t cg = g.c / g.groups, og = g.o / g.groups;
+  std::vector<double> dx(static_cast<size_t>(g.n * g.c * g.h * g.w), 0.0);
+  for (int64_t b = 0; b < g.n; ++b)
+    for (int64_t oc = 0; oc < g.o; ++oc)
+      for (int64_t ci = 0; ci < cg; ++ci)
+        for (int64_t oy = 0; oy < g.oh; ++oy)
+          for (int64_t ox = 0; ox < g.ow; ++ox)
+            for (int64_t i = 0; i < g.kh; ++i)
+              for (int64_t j = 0; j < g.kw; ++j) {
+                const int64_t iy = oy + i - g.pad_top, ix = ox + j - g.pad_left;
+                if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+                const int64_t c = (oc / og) * cg + ci;
+                dx[static_cast<size_t>(((b * g.c + c) * g.h + iy) * g.w + ix)] +=
+                    w[static_cast<size_t>(((oc * cg + ci) * g.kh + i) * g.kw + j)] *
+                    dy[static_cast<size_t>(((b * g.o + oc) * g.oh + oy) * g.ow + ox)];
+              }
+  return dx;
+}
+
+// dw of a stride-1, dilation-1 convolution, as a naive f64 loop: dw[o][ci][i][j] = sum over images
+// and outputs of dy[o][oy][ox] x[group's ci][oy + i - pad_top][ox + j - pad_left].
+std::vector<double> naive_backward_weight(const std::vector<double>& x, const std::vector<double>& dy,
+                                          const fl::detail::ConvGeometry& g) {
+  const int64_t cg = g.c / g.groups, og = g.o / g.groups;
+  std::vector<double> dw(static_cast<size_t>(g.o * cg * g.kh * g.kw), 0.0);
+  for (int64_t b = 0; b < g.n; ++b)
+    for (int64_t oc = 0; oc < g.o; ++oc)
+      for (int64_t ci = 0; ci < cg; ++ci)
+        for (int64_t i = 0; i < g.kh; ++i)
+          for (int64_t j = 0; j < g.kw; ++j) {
+            double sum = 0;
+            for (int64_t oy = 0; oy < g.oh; ++oy)
+              for (int64_t ox = 0; ox < g.ow; ++ox) {
+                const int64_t iy = oy + i - g.pad_top, ix = ox + j - g.pad_left;
+                if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+                sum += dy[static_cast<size_t>(((b * g.o + oc) * g.oh + oy) * g.ow + ox)] *
+                       x[static_cast<size_t>(((b * g.c + (oc / og) * cg + ci) * g.h + iy) * g.w + ix)];
+              }
+            dw[static_cast<size_t>(((oc * cg + ci) * g.kh + i) * g.kw + j)] += sum;
+          }
+  return dw;
+}
+
+}  // namespace
+
+TEST_CASE("Winograd conv2d and its gradients (3x3, 5x5, stride 1) match naive f64 loops") {
+  // Odd output sizes (tiles past the edge), channel counts that are no multiple of the 8-wide
+  // vectors, groups, asymmetric pads and pads wider than the kernel (negative pads for the input
+  // gradient), bias and relu. Winograd's f32 error grows with the transforms' coefficients, so it is
+  // bounded against the result's scale (its largest magnitude): F(2, 3) within 4e-6 of it, F(2, 5)
+  // (points up to +-2) within 2e-5 (measured: 4.8e-7 and 3.4e-6 on the CNN demo's shapes; the
+  // im2col + GEMM path: 5.5e-7).
+  struct Case {
+    fl::Shape x, w;
+    conv_ref::ConvSpec spec;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {{2, 16, 9, 7}, {16, 16, 3, 3}, {.pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1, .relu = true}, true},
+      {{3, 17, 8, 11}, {20, 17, 5, 5}, {.pad_top = 2, .pad_bottom = 2, .pad_left = 2, .pad_right = 2}, true},
+      {{2, 32, 6, 7}, {32, 16, 3, 3}, {.groups = 2}, false},
+      {{1, 16, 5, 6}, {24, 16, 5, 5}, {.pad_top = 3, .pad_bottom = 1, .pad_left = 4, .pad_right = 0, .relu = true}, true},
+      {{1, 16, 4, 4}, {16, 16, 3, 3}, {.pad_top = 3, .pad_bottom = 3, .pad_left = 3, .pad_right = 3}, false},
+      // big enough for several blocks of tiles and both threads
+      {{4, 32, 14, 14}, {64, 32, 5, 5}, {.pad_top = 2, .pad_bottom = 2, .pad_left = 2, .pad_right = 2}, true},
+  };
+  uint64_t seed = 300;
+  for (const Case& c : cases) {
+    INFO(test::shape_text(c.x), " * ", test::shape_text(c.w), " groups ", c.spec.groups);
+    const fl::Tensor x = test::random_tensor(c.x, seed), w = test::random_tensor(c.w, seed + 1);
+    const fl::Tensor b = test::random_tensor({c.w[0]}, seed + 2);
+    seed += 3;
+    const std::vector<double> bias = test::values(b);
+    const conv_ref::Image want = conv_ref::conv2d(image_of(x), image_of(w), c.bias ? &bias : nullptr, c.spec);
+    fl::detail::ConvGeometry g;
+    g.n = c.x[0], g.c = c.x[1], g.h = c.x[2], g.w = c.x[3];
+    g.o = c.w[0], g.kh = c.w[2], g.kw = c.w[3];
+    g.oh = want.dims[2], g.ow = want.dims[3];
+    g.pad_top = c.spec.pad_top, g.pad_left = c.spec.pad_left, g.groups = c.spec.groups;
+    REQUIRE(fl::detail::winograd_forward_applies(g));
+    REQUIRE(fl::detail::winograd_backward_input_applies(g));
+    const double bound = g.kh == 3 ? 4e-6 : 2e-5;
+    auto within = [&](const std::vector<double>& want_values) {
+      double scale = 0;
+      for (const double value : want_values) scale = std::max(scale, std::fabs(value));
+      return test::Tolerance{0.0, bound * scale};
+    };
+
+    fl::Tensor y = fl::zeros(fl::Shape(want.dims));
+    fl::detail::conv2d_winograd_forward(g, x.data<float>(), w.data<float>(), c.bias ? b.data<float>() : nullptr,
+                                        c.spec.relu, y.data<float>());
+    check_tensor(y, want.values, fl::Shape(want.dims), fl::f32, within(want.values));
+    // conv2d itself takes this path for f32.
+    const fl::Tensor through_op = conv2d_relu(x, w, c.bias ? b : fl::Tensor(), c.spec);
+    if (c.spec.relu) check_tensor(through_op, want.values, fl::Shape(want.dims), fl::f32, within(want.values));
+
+    const fl::Tensor dy = test::random_tensor(fl::Shape(want.dims), seed + 7);
+    fl::Tensor dx = fl::full(c.x, 123.0f);  // overwritten, never accumulated into
+    fl::detail::conv2d_winograd_backward_input(g, dy.data<float>(), w.data<float>(), dx.data<float>());
+    const std::vector<double> want_dx = naive_backward_input(test::values(dy), test::values(w), g);
+    check_tensor(dx, want_dx, c.x, fl::f32, within(want_dx));
+
+    REQUIRE(fl::detail::winograd_backward_weight_applies(g));
+    fl::Tensor dw = fl::full(c.w, 123.0f);  // overwritten, never accumulated into
+    fl::detail::conv2d_winograd_backward_weight(g, x.data<float>(), dy.data<float>(), dw.data<float>());
+    const std::vector<double> want_dw = naive_backward_weight(test::values(x), test::values(dy), g);
+    check_tensor(dw, want_dw, c.w, fl::f32, within(want_dw));
+  }
 }
 
 TEST_CASE("on big shapes (row blocks, several chunks) the backward ops are conv2d's adjoints") {
@@ -255,6 +394,64 @@ TEST_CASE("pooling with ceil_mode and count_include_pad") {
   CHECK(fl::max_pool2d(fl::zeros(fl::Shape{1, 1, 5, 5}), {.kernel = 2, .stride = 3, .ceil_mode = true}).shape() == fl::Shape{1, 1, 2, 2});
   CHECK(fl::max_pool2d(fl::zeros(fl::Shape{1, 1, 4, 4}), {.kernel = 2, .stride = 3, .padding = 1, .ceil_mode = true}).shape() ==
         fl::Shape{1, 1, 2, 2});
+}
+
+TEST_CASE("Winograd and 2x2 pooling kernels on an empty batch: empty outputs, a zero weight gradient") {
+  fl::detail::ConvGeometry g;
+  g.n = 0, g.c = 16, g.h = 6, g.w = 6, g.o = 16, g.kh = 3, g.kw = 3, g.oh = 6, g.ow = 6, g.pad_top = 1, g.pad_left = 1;
+  REQUIRE(fl::detail::winograd_backward_weight_applies(g));
+  const fl::Tensor x = fl::zeros(fl::Shape{0, 16, 6, 6}), w = test::random_tensor({16, 16, 3, 3}, 600);
+  fl::Tensor dw = fl::full(fl::Shape{16, 16, 3, 3}, 5.0f);
+  fl::detail::conv2d_winograd_backward_weight(g, x.data<float>(), x.data<float>(), dw.data<float>());
+  check_tensor(dw, std::vector<double>(static_cast<size_t>(dw.numel()), 0.0), dw.shape(), fl::f32);
+  // Through the ops (f32 takes the Winograd kernels; the pools the 2x2 ones).
+  fl::GradientTape tape;
+  tape.watch(x);
+  tape.watch(w);
+  const fl::Tensor y = fl::max_pool2d(fl::conv2d(x, w, {.padding = 1}), 2);
+  CHECK(y.shape() == fl::Shape{0, 16, 3, 3});
+  const std::vector<fl::Tensor> grads = tape.gradient(fl::sum(y), std::vector<fl::Tensor>{x, w});
+  CHECK(grads[0].shape() == x.shape());
+  check_tensor(grads[1], std::vector<double>(static_cast<size_t>(w.numel()), 0.0), w.shape(), fl::f32);
+}
+
+TEST_CASE("2x2 max pooling (its own kernels) and its gradient match a naive loop: ties, NaNs, odd sizes") {
+  // Values from a few integers, so windows tie often; a NaN in some windows (it wins, the first
+  // one among several); 7x23 planes leave a row and a column outside every window (gradient 0),
+  // and their 11 windows a row take the 8-wide f32 loop and its scalar tail.
+  for (fl::DType dt : {fl::f64, fl::f32}) {
+    INFO(fl::dtype_name(dt));
+    const int64_t n = 3, c = 5, h = 7, w = 23, oh = 3, ow = 11;
+    std::vector<double> xs = test::values(test::random_tensor({n, c, h, w}, 500, fl::f64));
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::round(xs[i] * 1.5);
+    // (plane, row, column): NaNs second in window (0, 1), last in (0, 0) and (0, 2), second in the
+    // tail window (1, 9); third in (2, 4); first and last in (0, 0); in the column outside every window.
+    for (const auto [plane, row, col] : std::vector<std::array<int64_t, 3>>{
+             {0, 0, 3}, {0, 1, 1}, {0, 1, 5}, {0, 2, 19}, {1, 4, 9}, {2, 0, 0}, {2, 1, 1}, {3, 0, 22}})
+      xs[static_cast<size_t>((plane * h + row) * w + col)] = std::nan("");
+    const fl::Tensor x = test::make(xs, {n, c, h, w}, dt);
+    const fl::Tensor dy = test::random_tensor({n, c, oh, ow}, 501, dt);
+    const std::vector<double> gy = test::values(dy);
+    std::vector<double> want_y(static_cast<size_t>(n * c * oh * ow)), want_dx(xs.size(), 0.0);
+    for (int64_t p = 0; p < n * c; ++p)
+      for (int64_t oy = 0; oy < oh; ++oy)
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          size_t best = static_cast<size_t>((p * h + 2 * oy) * w + 2 * ox);
+          for (int64_t i = 0; i < 2; ++i)
+            for (int64_t j = 0; j < 2; ++j) {
+              const size_t at = static_cast<size_t>((p * h + 2 * oy + i) * w + 2 * ox + j);
+              if (xs[at] > xs[best] || (std::isnan(xs[at]) && !std::isnan(xs[best]))) best = at;
+            }
+          const size_t out = static_cast<size_t>((p * oh + oy) * ow + ox);
+          want_y[out] = xs[best];
+          want_dx[best] = gy[out];
+        }
+    fl::GradientTape tape;
+    tape.watch(x);
+    const fl::Tensor y = fl::max_pool2d(x, 2);
+    check_tensor(y, want_y, {n, c, oh, ow}, dt);
+    check_tensor(tape.gradient(fl::sum(y * dy), std::vector<fl::Tensor>{x})[0], want_dx, {n, c, h, w}, dt);
+  }
 }
 
 TEST_CASE("pooling matches the naive loop on random inputs, f32 and f64, threaded") {

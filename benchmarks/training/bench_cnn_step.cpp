@@ -33,7 +33,9 @@ namespace bench = flowlet_bench;
 namespace {
 
 constexpr int64_t kBatch = 128;
-constexpr int kThreads = 2;
+// Two threads for every contender (the target's setting); BENCH_CNN_THREADS=1 gives one thread to
+// each, the steadier comparison on a busy machine (libtorch's OpenMP threads spin under load).
+int kThreads = 2;
 constexpr double kLearningRate = 1e-3;
 
 // A fixed batch: images uniform in [0, 1) (what the demo feeds), labels 0..9 in turn.
@@ -217,11 +219,14 @@ void run_all() {
 
 int main() {
   // Two threads for every contender, set before any flowlet call (its pool reads the variable once).
+  if (const char* asked = std::getenv("BENCH_CNN_THREADS"); asked != nullptr && std::atoi(asked) >= 1)
+    kThreads = std::atoi(asked);
   setenv("FLOWLET_NUM_THREADS", std::to_string(kThreads).c_str(), /*overwrite=*/1);
   openblas_set_num_threads(kThreads);
 #ifdef FLOWLET_BENCH_HAVE_TORCH
   at::set_num_threads(kThreads);
 #endif
-  return bench::run_benchmark("bench_cnn_step", "CNN training step, batch 128, traced (f32, 2 threads)",
+  const std::string title = fmt::format("CNN training step, batch 128, traced (f32, {} threads)", kThreads);
+  return bench::run_benchmark("bench_cnn_step", title.c_str(),
                               /*torch_uses_all_threads=*/false, run_all);
 }

@@ -1,15 +1,21 @@
 // im2col + GEMM convolutions on the CPU (see conv_gemm.hpp). A work item is one image of one
-// group; items split over flowlet's pool in contiguous ranges, one column buffer per chunk.
+// group; items split over flowlet's pool in contiguous ranges, one column buffer per chunk. The
+// three entry points hand the shapes Winograd computes faster (f32, 3x3 or 5x5, stride 1) to
+// conv_winograd.cpp.
 #include "kernels/conv_gemm.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <type_traits>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <cblas.h>
 
 #include "kernels/blas_threads.hpp"
+#include "kernels/conv_winograd.hpp"
 #include "runtime/thread_pool.hpp"
 
 namespace flowlet::detail {
@@ -104,6 +110,13 @@ void col2im_add(const ConvGeometry& g, int64_t channels, int64_t oy0, int64_t oy
   });
 }
 
+// False when FLOWLET_CONV_WINOGRAD=0: the Winograd kernels off (read at each call, so a benchmark
+// can compare both engines in one process).
+bool winograd_enabled() {
+  const char* value = std::getenv("FLOWLET_CONV_WINOGRAD");
+  return value == nullptr || std::string_view(value) != "0";
+}
+
 // How many chunks `items` work items of `work_per_item` multiply-adds split into.
 int64_t chunks_for(int64_t items, double work_per_item) {
   const double work = static_cast<double>(items) * work_per_item;
@@ -134,6 +147,9 @@ int64_t rows_per_block(const ConvGeometry& g, int64_t k, size_t item_size) {
 
 template <class T>
 void conv2d_forward_cpu(const ConvGeometry& g, const T* x, const T* w, const T* bias, bool relu, T* y) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (winograd_forward_applies(g) && winograd_enabled()) return conv2d_winograd_forward(g, x, w, bias, relu, y);
+  }
   use_pool_threads_only();
   const int64_t cg = g.c / g.groups, og = g.o / g.groups, k = cg * g.kh * g.kw, positions = g.oh * g.ow;
   const int64_t items = g.n * g.groups;
@@ -173,6 +189,9 @@ void conv2d_forward_cpu(const ConvGeometry& g, const T* x, const T* w, const T* 
 
 template <class T>
 void conv2d_backward_input_cpu(const ConvGeometry& g, const T* dy, const T* w, T* dx) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (winograd_backward_input_applies(g) && winograd_enabled()) return conv2d_winograd_backward_input(g, dy, w, dx);
+  }
   use_pool_threads_only();
   const int64_t cg = g.c / g.groups, og = g.o / g.groups, k = cg * g.kh * g.kw, positions = g.oh * g.ow;
   const int64_t items = g.n * g.groups;
@@ -207,6 +226,9 @@ void conv2d_backward_input_cpu(const ConvGeometry& g, const T* dy, const T* w, T
 
 template <class T>
 void conv2d_backward_weight_cpu(const ConvGeometry& g, const T* x, const T* dy, T* dw) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (winograd_backward_weight_applies(g) && winograd_enabled()) return conv2d_winograd_backward_weight(g, x, dy, dw);
+  }
   use_pool_threads_only();
   const int64_t cg = g.c / g.groups, og = g.o / g.groups, k = cg * g.kh * g.kw, positions = g.oh * g.ow;
   const int64_t items = g.n * g.groups, weights = g.o * k;

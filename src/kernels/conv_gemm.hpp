@@ -4,7 +4,9 @@
 // stride 1 and no padding uses the image itself as that matrix. Work splits over images on
 // flowlet's pool (each chunk owns its column buffer, a block of output rows at a time, about
 // 1 MiB); OpenBLAS runs on one thread per call
-// (src/kernels/blas_threads.hpp), so the thread budget holds.
+// (src/kernels/blas_threads.hpp), so the thread budget holds. f32 calls (forward and both gradients)
+// with a 3x3 or 5x5 kernel, stride 1 and enough channels go to the Winograd kernels instead
+// (src/kernels/conv_winograd.hpp; FLOWLET_CONV_WINOGRAD=0 keeps them here).
 #pragma once
 
 #include <cstdint>

@@ -2,13 +2,16 @@
 // functions of flowlet/ops/conv.hpp, which resolve the kernel-sized default stride,
 // Padding::same() and ceil_mode into explicit pads. The CPU kernels are plain loops, parallel
 // over the N * C planes. Padding never wins a max and every window holds at least one input
-// element (the rules below refuse a window that lies wholly in the padding).
+// element (the rules below refuse a window that lies wholly in the padding). The common max pool
+// (2x2, stride 2, no padding) has its own branch-free loops.
 //
 // Gradients: max_pool2d's goes to each window's first maximum in row-major order (a NaN counts as
 // the maximum), through max_pool2d_backward(x, dy), which itself has no gradient rule;
 // avg_pool2d's is avg_pool2d_backward(dy), whose gradient is avg_pool2d again (the two are each
 // other's transpose).
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/conv.hpp"
@@ -138,12 +141,165 @@ int64_t first_max(const T* plane, int64_t w, const Window& win) {
   return best;
 }
 
+// The common 2x2 window with stride 2 and no padding: every window lies inside the input and every
+// input element is in at most one window, so the kernels below need no Window and no clipping.
+bool is_plain_2x2(const PoolPlan& p) {
+  const Pool2dAttrs& a = p.a;
+  return a.kernel_h == 2 && a.kernel_w == 2 && a.stride_h == 2 && a.stride_w == 2 && a.pad_top == 0 &&
+         a.pad_bottom == 0 && a.pad_left == 0 && a.pad_right == 0 && p.oh == p.h / 2 && p.ow == p.w / 2;
+}
+
+// Which of a window's values a, b, c, d (row-major) is its first maximum (0-3), with first_max's
+// rule (a NaN wins over any number, the first NaN over later ones). Selects and bitwise logic
+// only, no branches: the compiler vectorizes the loops over windows that call it (random data
+// would mispredict a branch per window).
+template <class T>
+[[gnu::always_inline]] inline int first_max_of_4(T a, T b, T c, T d, T& best) {
+  int at = 0;
+  best = a;
+  auto take = [&](T v, int index) {
+    const bool wins = (v > best) | ((v != v) & (best == best));
+    at = wins ? index : at;
+    best = wins ? v : best;
+  };
+  take(b, 1);
+  take(c, 2);
+  take(d, 3);
+  return at;
+}
+
+// f32 windows 8 at a time (GCC vector types): the even and odd columns of 16 inputs.
+using F8 = float __attribute__((vector_size(32)));
+using I8 = int __attribute__((vector_size(32)));
+
+F8 load8(const float* p) {
+  F8 v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+void store8(float* p, F8 v) { __builtin_memcpy(p, &v, sizeof v); }
+void even_odd(const float* p, F8& even, F8& odd) {
+  const F8 lo = load8(p), hi = load8(p + 8);
+  even = __builtin_shuffle(lo, hi, I8{0, 2, 4, 6, 8, 10, 12, 14});
+  odd = __builtin_shuffle(lo, hi, I8{1, 3, 5, 7, 9, 11, 13, 15});
+}
+// first_max_of_4 on 8 windows: the winner's index per lane, and its value.
+I8 first_max_of_4(const float* r0, const float* r1, F8& best) {
+  F8 a, b, c, d;
+  even_odd(r0, a, b);
+  even_odd(r1, c, d);
+  I8 at = {};
+  best = a;
+  auto take = [&](F8 v, int index) {
+    const I8 wins = (v > best) | ((v != v) & (best == best));
+    at = wins ? I8{} + index : at;
+    best = wins ? v : best;
+  };
+  take(b, 1);
+  take(c, 2);
+  take(d, 3);
+  return at;
+}
+// Stores 8 windows' gradients (g where `at` names the position, else 0) to two rows of 16.
+void scatter_2x2(I8 at, F8 g, float* d0, float* d1) {
+  const F8 zero = {};
+  auto interleave = [](F8 even, F8 odd, float* to) {
+    store8(to, __builtin_shuffle(even, odd, I8{0, 8, 1, 9, 2, 10, 3, 11}));
+    store8(to + 8, __builtin_shuffle(even, odd, I8{4, 12, 5, 13, 6, 14, 7, 15}));
+  };
+  interleave(at == 0 ? g : zero, at == 1 ? g : zero, d0);
+  interleave(at == 2 ? g : zero, at == 3 ? g : zero, d1);
+}
+
+template <class T>
+void max_pool_2x2_plane(const T* src, int64_t w, int64_t oh, int64_t ow, T* dst) {
+  for (int64_t oy = 0; oy < oh; ++oy) {
+    const T* r0 = src + 2 * oy * w;
+    const T* r1 = r0 + w;
+    T* out = dst + oy * ow;
+    int64_t ox = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      for (; ox + 8 <= ow; ox += 8) {
+        F8 best;
+        (void)first_max_of_4(r0 + 2 * ox, r1 + 2 * ox, best);
+        store8(out + ox, best);
+      }
+      if (ox < ow) {  // the last windows, through copies padded to 8 (7x7 outputs have no full 8)
+        const int64_t rest = ow - ox;
+        float t0[16] = {}, t1[16] = {}, results[8];
+        std::copy(r0 + 2 * ox, r0 + 2 * ow, t0);
+        std::copy(r1 + 2 * ox, r1 + 2 * ow, t1);
+        F8 best;
+        (void)first_max_of_4(t0, t1, best);
+        store8(results, best);
+        std::copy(results, results + rest, out + ox);
+        ox = ow;
+      }
+    }
+    for (; ox < ow; ++ox) {
+      T best;
+      (void)first_max_of_4(r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1], best);
+      out[ox] = best;
+    }
+  }
+}
+
+// dx of one plane: each window's gradient at its first maximum, zero elsewhere (rows and columns
+// past the last window too). Writes every element, so dx needs no clearing first.
+template <class T>
+void max_pool_2x2_backward_plane(const T* src, const T* g, int64_t h, int64_t w, int64_t oh, int64_t ow, T* dst) {
+  for (int64_t oy = 0; oy < oh; ++oy) {
+    const T* r0 = src + 2 * oy * w;
+    const T* r1 = r0 + w;
+    T* d0 = dst + 2 * oy * w;
+    T* d1 = d0 + w;
+    const T* gs = g + oy * ow;
+    int64_t ox = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      for (; ox + 8 <= ow; ox += 8) {
+        F8 best;
+        scatter_2x2(first_max_of_4(r0 + 2 * ox, r1 + 2 * ox, best), load8(gs + ox), d0 + 2 * ox, d1 + 2 * ox);
+      }
+      if (ox < ow) {  // the last windows, through copies padded to 8
+        const int64_t rest = ow - ox;
+        float t0[16] = {}, t1[16] = {}, grads[8] = {}, o0[16], o1[16];
+        std::copy(r0 + 2 * ox, r0 + 2 * ow, t0);
+        std::copy(r1 + 2 * ox, r1 + 2 * ow, t1);
+        std::copy(gs + ox, gs + ow, grads);
+        F8 best;
+        scatter_2x2(first_max_of_4(t0, t1, best), load8(grads), o0, o1);
+        std::copy(o0, o0 + 2 * rest, d0 + 2 * ox);
+        std::copy(o1, o1 + 2 * rest, d1 + 2 * ox);
+        ox = ow;
+      }
+    }
+    for (; ox < ow; ++ox) {
+      T best;
+      const int at = first_max_of_4(r0[2 * ox], r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1], best);
+      const T v = gs[ox];
+      d0[2 * ox] = at == 0 ? v : T(0);
+      d0[2 * ox + 1] = at == 1 ? v : T(0);
+      d1[2 * ox] = at == 2 ? v : T(0);
+      d1[2 * ox + 1] = at == 3 ? v : T(0);
+    }
+    for (int64_t ix = 2 * ow; ix < w; ++ix) d0[ix] = d1[ix] = T(0);
+  }
+  std::fill(dst + 2 * oh * w, dst + h * w, T(0));
+}
+
 void max_pool_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor x = call.inputs[0].contiguous();
   const PoolPlan p = plan(x.shape(), out[0].shape(), call.attrs<Pool2dAttrs>());
   visit_dtype<kFloatCompute>(x.dtype(), [&]<class T>(TypeTag<T>) {
     const T* in = static_cast<const T*>(x.raw_data());
     T* y = static_cast<T*>(out[0].raw_data());
+    if (is_plain_2x2(p)) {
+      p.for_planes([&](int64_t begin, int64_t end) {
+        for (int64_t plane = begin; plane < end; ++plane)
+          max_pool_2x2_plane(in + plane * p.h * p.w, p.w, p.oh, p.ow, y + plane * p.oh * p.ow);
+      });
+      return;
+    }
     p.for_planes([&](int64_t begin, int64_t end) {
       for (int64_t plane = begin; plane < end; ++plane) {
         const T* src = in + plane * p.h * p.w;
@@ -163,6 +319,14 @@ void max_backward_kernel(const OpCall& call, std::span<Tensor> out) {
     const T* in = static_cast<const T*>(x.raw_data());
     const T* g = static_cast<const T*>(dy.raw_data());
     T* dx = static_cast<T*>(out[0].raw_data());
+    if (is_plain_2x2(p)) {
+      p.for_planes([&](int64_t begin, int64_t end) {
+        for (int64_t plane = begin; plane < end; ++plane)
+          max_pool_2x2_backward_plane(in + plane * p.h * p.w, g + plane * p.oh * p.ow, p.h, p.w, p.oh, p.ow,
+                                      dx + plane * p.h * p.w);
+      });
+      return;
+    }
     p.for_planes([&](int64_t begin, int64_t end) {
       for (int64_t plane = begin; plane < end; ++plane) {
         const T* src = in + plane * p.h * p.w;
