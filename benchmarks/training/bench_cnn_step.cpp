@@ -9,6 +9,8 @@
 // Target: the traced step at most 0.8x libtorch's time.
 #include <cblas.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -181,6 +183,78 @@ void compare_cnn_step() {
   section.compare(fused_result, plain_result, std::nullopt);
 }
 
+// The same four steps in interleaved rounds: each round times every contender for a few calls (the
+// order rotating every round), and each contender's figure is the median of its rounds. On a
+// shared machine the load drifts over the ~10 s that one contender's section above takes (single
+// sections of the same step were seen 86 ms and 118 ms apart an hour later), so the sections' order
+// biases their ratios; here a drift hits all contenders alike. BENCH_CNN_ROUNDS sets the rounds.
+void compare_cnn_step_interleaved() {
+  const Batch data;
+  const char* rounds_env = std::getenv("BENCH_CNN_ROUNDS");
+  const int rounds = rounds_env != nullptr ? std::max(1, std::atoi(rounds_env)) : 9;
+  constexpr int kCallsPerRound = 3;
+  struct Contender {
+    std::string name;
+    std::function<void()> step;
+    std::vector<double> ms;  // per-call milliseconds, one entry per round
+  };
+  std::vector<Contender> contenders;
+  std::vector<std::shared_ptr<void>> keep;  // models and traced steps stay alive for the rounds
+  for (bool conv_fusion : {true, false}) {
+    setenv("FLOWLET_CONV_FUSION", conv_fusion ? "1" : "0", 1);
+    auto ours = std::make_shared<FlowletCnn>();
+    auto traced = std::make_shared<decltype(fl::trace(examples::make_step(ours->model, ours->optimizer, ours->params)))>(
+        fl::trace(examples::make_step(ours->model, ours->optimizer, ours->params)));
+    (void)(*traced)(data.images, data.labels).item<float>();  // traces now, with the setting above
+    keep.push_back(ours);
+    keep.push_back(traced);
+    contenders.push_back({conv_fusion ? "flowlet traced" : "flowlet traced, no conv fusion",
+                          [traced, &data] { bench::do_not_optimize((*traced)(data.images, data.labels).item<float>()); }, {}});
+  }
+  unsetenv("FLOWLET_CONV_FUSION");
+  {
+    auto ours = std::make_shared<FlowletCnn>();
+    auto step = std::make_shared<decltype(examples::make_step(ours->model, ours->optimizer, ours->params))>(
+        examples::make_step(ours->model, ours->optimizer, ours->params));
+    keep.push_back(ours);
+    keep.push_back(step);
+    contenders.push_back({"flowlet eager", [step, &data] { bench::do_not_optimize((*step)(data.images, data.labels).item<float>()); }, {}});
+  }
+#ifdef FLOWLET_BENCH_HAVE_TORCH
+  FlowletCnn reference;
+  TorchCnn peer(reference);
+  const at::Tensor images = to_torch(data.images), labels = to_torch(data.labels);
+  contenders.push_back({"libtorch", [&] { bench::do_not_optimize(peer.train_step(images, labels).item<double>()); }, {}});
+#endif
+  for (Contender& c : contenders) c.step();  // one untimed call each
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t j = 0; j < contenders.size(); ++j) {
+      Contender& c = contenders[(j + static_cast<size_t>(r)) % contenders.size()];
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < kCallsPerRound; ++i) c.step();
+      c.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+                     kCallsPerRound);
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  fmt::print("-- CNN train step, batch {}, interleaved: {} rounds of {} calls per contender, {} threads\n", kBatch,
+             rounds, kCallsPerRound, kThreads);
+  for (const Contender& c : contenders) {
+    fmt::print("   {:<32} {:8.2f} ms  [{:.2f} ms, {:.2f} ms]\n", c.name, median(c.ms),
+               *std::min_element(c.ms.begin(), c.ms.end()), *std::max_element(c.ms.begin(), c.ms.end()));
+  }
+  const double traced_ms = median(contenders[0].ms), eager_ms = median(contenders[2].ms);
+  fmt::print("   traced / eager {:.2f}\n", traced_ms / eager_ms);
+  if (contenders.size() == 4) {
+    const double peer_ms = median(contenders[3].ms);
+    fmt::print("   traced / libtorch {:.2f} (target <= 0.80: {}), eager / libtorch {:.2f}\n", traced_ms / peer_ms,
+               traced_ms / peer_ms <= 0.8 ? "met" : "MISSED", eager_ms / peer_ms);
+  }
+}
+
 // The evaluation graph (inference mode, 2000 images, as the demo's TracedAccuracy runs it) with and
 // without the conv fusion pass: there each batch norm folds into its convolution and the relu too.
 void compare_inference_fusion() {
@@ -212,6 +286,7 @@ void compare_inference_fusion() {
 
 void run_all() {
   compare_cnn_step();
+  compare_cnn_step_interleaved();
   compare_inference_fusion();
 }
 
