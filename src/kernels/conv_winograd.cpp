@@ -142,6 +142,25 @@ bool square_kernel_stride_one(const ConvGeometry& g) {
 
 int64_t round_up(int64_t value, int64_t to) { return (value + to - 1) / to * to; }
 
+// The input zero-padded to hp x wp (every tile's window inside) in blocks of 8 channels per group:
+// padded [n][group][cg8 / 8][hp][wp][8], channels past cg zero. Writes channel blocks [first, last).
+void pad_channel_blocks(const ConvGeometry& g, const float* x, int64_t cg8, int64_t hp, int64_t wp, int64_t first,
+                        int64_t last, float* padded) {
+  const int64_t cg = g.c / g.groups, c8 = g.groups * cg8;
+  for (int64_t cb = first; cb < last; ++cb) {
+    const int64_t image = cb / (c8 / kLanes), rest = cb % (c8 / kLanes);
+    const int64_t group = rest / (cg8 / kLanes), channel = (rest % (cg8 / kLanes)) * kLanes;
+    float* to = padded + cb * hp * wp * kLanes;
+    std::fill(to, to + hp * wp * kLanes, 0.0f);
+    for (int64_t k = 0; k < kLanes && channel + k < cg; ++k) {
+      const float* from = x + (image * g.c + group * cg + channel + k) * g.h * g.w;
+      for (int64_t py = std::max<int64_t>(0, g.pad_top); py < std::min(hp, g.h + g.pad_top); ++py)
+        for (int64_t px = std::max<int64_t>(0, g.pad_left); px < std::min(wp, g.w + g.pad_left); ++px)
+          to[(py * wp + px) * kLanes + k] = from[(py - g.pad_top) * g.w + px - g.pad_left];
+    }
+  }
+}
+
 // The forward convolution for kernel size R (alpha = R + 1); see the file comment.
 template <int R>
 void forward(const ConvGeometry& g, const float* x, const float* w, const float* bias, bool relu, float* y) {
@@ -189,25 +208,14 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
   const int64_t chunks =
       std::clamp<int64_t>(static_cast<int64_t>(std::min<double>(intra_op_threads(), work / kWorkPerThread)), 1, blocks);
 
-  // The input zero-padded (every tile's window inside) and in blocks of 8 channels per group:
-  // padded [n][group][cg8 / 8][hp][wp][8]; channels past cg are zero.
+  // The input padded and channel-blocked by pad_channel_blocks, its chunks beside the weights'.
   const int64_t hp = 2 * tiles_h + A - 2, wp = 2 * tiles_w + A - 2;
   const int64_t channel_blocks = g.n * c8 / kLanes;
   const auto padded = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(channel_blocks * hp * wp * kLanes));
   auto pad_input = [&](int64_t chunk) {
     transform_weights(g.o * chunk / chunks, g.o * (chunk + 1) / chunks);
-    for (int64_t cb = channel_blocks * chunk / chunks; cb < channel_blocks * (chunk + 1) / chunks; ++cb) {
-      const int64_t image = cb / (c8 / kLanes), rest = cb % (c8 / kLanes);
-      const int64_t group = rest / (cg8 / kLanes), first = (rest % (cg8 / kLanes)) * kLanes;
-      float* to = padded.get() + cb * hp * wp * kLanes;
-      std::fill(to, to + hp * wp * kLanes, 0.0f);
-      for (int64_t k = 0; k < kLanes && first + k < cg; ++k) {
-        const float* from = x + (image * g.c + group * cg + first + k) * g.h * g.w;
-        for (int64_t py = std::max<int64_t>(0, g.pad_top); py < std::min(hp, g.h + g.pad_top); ++py)
-          for (int64_t px = std::max<int64_t>(0, g.pad_left); px < std::min(wp, g.w + g.pad_left); ++px)
-            to[(py * wp + px) * kLanes + k] = from[(py - g.pad_top) * g.w + px - g.pad_left];
-      }
-    }
+    pad_channel_blocks(g, x, cg8, hp, wp, channel_blocks * chunk / chunks, channel_blocks * (chunk + 1) / chunks,
+                       padded.get());
   };
 
   auto run = [&](int64_t chunk) {
@@ -302,18 +310,8 @@ void backward_weight(const ConvGeometry& g, const float* x, const float* dy, flo
   const int64_t channel_blocks = g.n * c8 / kLanes;
   const auto padded = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(channel_blocks * hp * wp * kLanes));
   auto pad_input = [&](int64_t chunk) {
-    for (int64_t cb = channel_blocks * chunk / chunks; cb < channel_blocks * (chunk + 1) / chunks; ++cb) {
-      const int64_t image = cb / (c8 / kLanes), rest = cb % (c8 / kLanes);
-      const int64_t group = rest / (cg8 / kLanes), first = (rest % (cg8 / kLanes)) * kLanes;
-      float* to = padded.get() + cb * hp * wp * kLanes;
-      std::fill(to, to + hp * wp * kLanes, 0.0f);
-      for (int64_t k = 0; k < kLanes && first + k < cg; ++k) {
-        const float* from = x + (image * g.c + group * cg + first + k) * g.h * g.w;
-        for (int64_t py = std::max<int64_t>(0, g.pad_top); py < std::min(hp, g.h + g.pad_top); ++py)
-          for (int64_t px = std::max<int64_t>(0, g.pad_left); px < std::min(wp, g.w + g.pad_left); ++px)
-            to[(py * wp + px) * kLanes + k] = from[(py - g.pad_top) * g.w + px - g.pad_left];
-      }
-    }
+    pad_channel_blocks(g, x, cg8, hp, wp, channel_blocks * chunk / chunks, channel_blocks * (chunk + 1) / chunks,
+                       padded.get());
   };
 
   // sums[chunk] = S [group][xi][og][cg8]
