@@ -8,7 +8,8 @@
 //
 //   FLOWLET_NUM_THREADS=2 profile_step cnn [--steps N] [--rounds R]
 //   FLOWLET_NUM_THREADS=2 profile_step mlp 1024 [--steps N] [--rounds R]
-// FLOWLET_EXECUTOR=sequential|concurrent forces the executor's mode (read once per process).
+// FLOWLET_EXECUTOR=sequential|concurrent forces the executor's mode of the profiled and the plain
+// traced step; a third traced step always runs with the concurrent executor, for comparison.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -97,9 +98,10 @@ int main(int argc, char** argv) {
   using StepFn = std::function<fl::Tensor(fl::Tensor, fl::Tensor)>;
   fl::Tensor x, labels;
   std::vector<std::shared_ptr<void>> keep;
-  // Three copies of the model: one traced with statistics, one traced without, one eager.
+  // Four copies of the model: one traced with statistics, one traced without, one traced with the
+  // concurrent executor forced, one eager.
   std::vector<StepFn> steps_of;
-  for (int copy = 0; copy < 3; ++copy) {
+  for (int copy = 0; copy < 4; ++copy) {
     if (model == "cnn") {
       auto m = std::make_shared<fl::nn::Sequential>();
       examples::build_cnn(*m, 1);
@@ -133,7 +135,20 @@ int main(int argc, char** argv) {
   with_stats.collect_step_stats = true;
   auto profiled = fl::trace(steps_of[0], with_stats);
   auto traced = fl::trace(steps_of[1]);
-  StepFn& eager = steps_of[2];
+  auto concurrent = fl::trace(steps_of[2]);
+  StepFn& eager = steps_of[3];
+  {
+    // The executor reads FLOWLET_EXECUTOR as it builds a plan: at the first call.
+    const char* before = std::getenv("FLOWLET_EXECUTOR");
+    const std::string saved = before ? before : "";
+    setenv("FLOWLET_EXECUTOR", "concurrent", 1);
+    (void)concurrent(x, labels).item<float>();
+    if (before) {
+      setenv("FLOWLET_EXECUTOR", saved.c_str(), 1);
+    } else {
+      unsetenv("FLOWLET_EXECUTOR");
+    }
+  }
 
   for (int i = 0; i < 3; ++i) (void)profiled(x, labels).item<float>();
   std::map<std::string, OpTotal> totals;
@@ -183,6 +198,7 @@ int main(int argc, char** argv) {
   std::vector<Contender> contenders = {
       {"traced", [&] { (void)traced(x, labels).item<float>(); }, {}},
       {"eager", [&] { (void)eager(x, labels).item<float>(); }, {}},
+      {"traced, concurrent executor forced", [&] { (void)concurrent(x, labels).item<float>(); }, {}},
   };
   for (Contender& c : contenders) c.step();
   for (int r = 0; r < rounds; ++r) {
@@ -193,8 +209,9 @@ int main(int argc, char** argv) {
       c.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / calls);
     }
   }
-  std::printf("interleaved, %d rounds of %d calls (order rotating): traced %.3f ms, eager %.3f ms, traced/eager %.3f\n",
-              rounds, calls, median(contenders[0].ms), median(contenders[1].ms),
-              median(contenders[0].ms) / median(contenders[1].ms));
+  std::printf("interleaved, %d rounds of %d calls (order rotating), medians:\n", rounds, calls);
+  for (const Contender& c : contenders) {
+    std::printf("   %-36s %9.3f ms  (/ eager %.3f)\n", c.name.c_str(), median(c.ms), median(c.ms) / median(contenders[1].ms));
+  }
   return 0;
 }
