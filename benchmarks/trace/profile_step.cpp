@@ -6,8 +6,9 @@
 // and, timed in interleaved rounds in the same process, the eager step and the traced step without
 // statistics. For issue 18's goal 3 (why is traced not faster than eager?).
 //
-//   FLOWLET_NUM_THREADS=2 profile_step cnn [--steps N] [--rounds R]
+//   FLOWLET_NUM_THREADS=2 profile_step cnn [--steps N] [--rounds R] [--calls C]
 //   FLOWLET_NUM_THREADS=2 profile_step mlp 1024 [--steps N] [--rounds R]
+//   profile_step cnn --only eager|traced N     (N calls of one step and nothing else: for perf record)
 // FLOWLET_EXECUTOR=sequential|concurrent forces the executor's mode of the profiled and the plain
 // traced step; a third traced step always runs with the concurrent executor, for comparison.
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +29,7 @@
 #include "../../examples/fashion_mnist_cnn.hpp"
 #include "../../examples/fashion_mnist_mlp.hpp"
 #include "../mlp_step.hpp"
+#include "../round_order.hpp"
 
 namespace fl = flowlet;
 
@@ -82,7 +85,14 @@ struct Contender {
   std::string name;
   std::function<void()> step;
   std::vector<double> ms;
+  std::vector<double> cpu_ms;  // the process's CPU time (all threads) per call
 };
+
+double process_cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+}
 
 }  // namespace
 
@@ -90,8 +100,16 @@ int main(int argc, char** argv) {
   std::string model = argc > 1 ? argv[1] : "cnn";
   int64_t batch = model == "cnn" ? 128 : 1024;
   int steps = 5, rounds = 7;
+  std::string only;  // --only eager|traced N: just N calls of that step (for perf record), no report
+  int only_calls = 0;
+  int calls_asked = 0;  // --calls N: timed calls per contender and round
   for (int i = 2; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
+    if (std::strcmp(argv[i], "--only") == 0 && i + 2 < argc) {
+      only = argv[++i];
+      only_calls = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--calls") == 0 && i + 1 < argc) {
+      calls_asked = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
     else if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::max(0, std::atoi(argv[++i]));
     else batch = std::atoll(argv[i]);
   }
@@ -101,7 +119,7 @@ int main(int argc, char** argv) {
   // Four copies of the model: one traced with statistics, one traced without, one traced with the
   // concurrent executor forced, one eager.
   std::vector<StepFn> steps_of;
-  for (int copy = 0; copy < 4; ++copy) {
+  for (int copy = 0; copy < 5; ++copy) {
     if (model == "cnn") {
       auto m = std::make_shared<fl::nn::Sequential>();
       examples::build_cnn(*m, 1);
@@ -136,13 +154,16 @@ int main(int argc, char** argv) {
   auto profiled = fl::trace(steps_of[0], with_stats);
   auto traced = fl::trace(steps_of[1]);
   auto concurrent = fl::trace(steps_of[2]);
-  StepFn& eager = steps_of[3];
+  auto dataflow = fl::trace(steps_of[3]);
+  StepFn& eager = steps_of[4];
   {
     // The executor reads FLOWLET_EXECUTOR as it builds a plan: at the first call.
     const char* before = std::getenv("FLOWLET_EXECUTOR");
     const std::string saved = before ? before : "";
     setenv("FLOWLET_EXECUTOR", "concurrent", 1);
     (void)concurrent(x, labels).item<float>();
+    setenv("FLOWLET_EXECUTOR", "dataflow", 1);
+    (void)dataflow(x, labels).item<float>();
     if (before) {
       setenv("FLOWLET_EXECUTOR", saved.c_str(), 1);
     } else {
@@ -150,6 +171,12 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (!only.empty()) {
+    for (int i = 0; i < only_calls; ++i) {
+      (void)(only == "eager" ? eager(x, labels) : traced(x, labels)).item<float>();
+    }
+    return 0;
+  }
   for (int i = 0; i < 3; ++i) (void)profiled(x, labels).item<float>();
   std::map<std::string, OpTotal> totals;
   double wall_us = 0, node_us = 0, overlapped_us = 0;
@@ -194,24 +221,29 @@ int main(int argc, char** argv) {
                 t.us / static_cast<double>(t.calls), t.overlapped_us / steps);
   }
   if (rounds == 0) return 0;
-  const int calls = model == "cnn" || batch >= 512 ? 3 : 20;
+  const int calls = calls_asked > 0 ? calls_asked : model == "cnn" || batch >= 512 ? 3 : 20;
   std::vector<Contender> contenders = {
       {"traced", [&] { (void)traced(x, labels).item<float>(); }, {}},
       {"eager", [&] { (void)eager(x, labels).item<float>(); }, {}},
       {"traced, concurrent executor forced", [&] { (void)concurrent(x, labels).item<float>(); }, {}},
+      {"traced, dataflow executor forced", [&] { (void)dataflow(x, labels).item<float>(); }, {}},
   };
   for (Contender& c : contenders) c.step();
   for (int r = 0; r < rounds; ++r) {
-    for (size_t j = 0; j < contenders.size(); ++j) {
-      Contender& c = contenders[(j + static_cast<size_t>(r)) % contenders.size()];
+    for (const size_t j : flowlet_bench::round_order(contenders.size(), r)) {
+      Contender& c = contenders[j];
+      c.step();  // untimed: the first call after another contender
+      const double cpu_start = process_cpu_ms();
       const auto start = std::chrono::steady_clock::now();
       for (int i = 0; i < calls; ++i) c.step();
       c.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / calls);
+      c.cpu_ms.push_back((process_cpu_ms() - cpu_start) / calls);
     }
   }
-  std::printf("interleaved, %d rounds of %d calls (order rotating), medians:\n", rounds, calls);
+  std::printf("interleaved, %d rounds of 1 untimed + %d timed calls (balanced order), medians:\n", rounds, calls);
   for (const Contender& c : contenders) {
-    std::printf("   %-36s %9.3f ms  (/ eager %.3f)\n", c.name.c_str(), median(c.ms), median(c.ms) / median(contenders[1].ms));
+    std::printf("   %-36s %9.3f ms  (/ eager %.3f)   cpu %9.3f ms  (/ eager %.3f)\n", c.name.c_str(), median(c.ms),
+                median(c.ms) / median(contenders[1].ms), median(c.cpu_ms), median(c.cpu_ms) / median(contenders[1].cpu_ms));
   }
   return 0;
 }

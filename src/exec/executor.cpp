@@ -84,13 +84,15 @@ int thread_number() {
   return number;
 }
 
-// FLOWLET_EXECUTOR=sequential|concurrent overrides the choice of mode. Read whenever a plan is built
+// FLOWLET_EXECUTOR=sequential|dataflow|concurrent overrides the choice of mode (sequential stays
+// dataflow where a plan has async nodes or is one of a group's partitions). Read whenever a plan is built
 // (once per traced signature), so a benchmark or test can compare modes in one process.
 std::optional<RunMode> forced_mode() {
   const char* env = std::getenv("FLOWLET_EXECUTOR");
   if (!env) return std::nullopt;
   if (std::string_view(env) == "sequential") return RunMode::sequential;
   if (std::string_view(env) == "concurrent") return RunMode::concurrent;
+  if (std::string_view(env) == "dataflow") return RunMode::dataflow;
   return std::nullopt;
 }
 
@@ -268,7 +270,8 @@ RunMode Plan::choose_mode(bool in_group) const {
   const bool concurrent =
       forced ? *forced == RunMode::concurrent : !on_gpus && thread_budget() > 1 && overlap_pays();
   if (concurrent) return RunMode::concurrent;
-  return has_async_ || in_group ? RunMode::dataflow : RunMode::sequential;
+  const bool dataflow = has_async_ || in_group || forced == RunMode::dataflow;
+  return dataflow ? RunMode::dataflow : RunMode::sequential;
 }
 
 bool Plan::overlap_pays() const {
