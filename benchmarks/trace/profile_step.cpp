@@ -3,14 +3,17 @@
 // traced with TraceOptions::collect_step_stats, and sums the timeline of the last --steps calls per
 // op name: calls, node time, and how much of it overlapped another node (two nodes on two threads
 // at once). Prints the step's wall time, the node time, the gap (executor overhead and waiting),
-// and, timed in interleaved rounds in the same process, the eager step and the traced step without
-// statistics. For issue 18's goal 3 (why is traced not faster than eager?).
+// and, timed in interleaved rounds in the same process (balanced order, round_order.hpp; each
+// contender's first call of a round untimed), the eager step, the traced step without statistics
+// and the traced step with the concurrent and with the dataflow executor forced: median wall time
+// and median process CPU time (all threads) per call, each against eager's. For issue 18's goal 3
+// (why is traced not faster than eager?).
 //
 //   FLOWLET_NUM_THREADS=2 profile_step cnn [--steps N] [--rounds R] [--calls C]
 //   FLOWLET_NUM_THREADS=2 profile_step mlp 1024 [--steps N] [--rounds R]
 //   profile_step cnn --only eager|traced N     (N calls of one step and nothing else: for perf record)
-// FLOWLET_EXECUTOR=sequential|concurrent forces the executor's mode of the profiled and the plain
-// traced step; a third traced step always runs with the concurrent executor, for comparison.
+// FLOWLET_EXECUTOR=sequential|dataflow|concurrent forces the executor's mode of the profiled and the
+// plain traced step (the other two traced steps always run with the mode they name).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -128,6 +128,10 @@ struct TorchCnn {
 
 void compare_cnn_step() {
   const Batch data;
+  // libtorch's OpenMP threads spin after each parallel region unless told otherwise; under load that
+  // slows libtorch and whatever runs next, so the setting belongs with the figures.
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  fmt::print("   OMP_WAIT_POLICY {} (libtorch's OpenMP threads)\n", wait_policy != nullptr ? wait_policy : "(unset)");
   bench::Options options;
   options.samples = 7;
   options.sample_seconds = 0.5;
