@@ -279,6 +279,15 @@ TEST_CASE("a plan overlaps independent big nodes only when one of them leaves th
     const ScopedEnv forced("FLOWLET_EXECUTOR", "sequential");
     CHECK(plan_mode(products.graph(a, b, c)) == RunMode::sequential);
   }
+  {
+    const ScopedEnv forced("FLOWLET_EXECUTOR", "dataflow");
+    CHECK(plan_mode(products.graph(a, b, c)) == RunMode::dataflow);
+    CHECK(plan_mode(branches.graph(big)) == RunMode::dataflow);
+  }
+  {
+    const ScopedEnv unknown("FLOWLET_EXECUTOR", "fastest");  // not a mode: the plan chooses
+    CHECK(plan_mode(branches.graph(big)) == RunMode::sequential);
+  }
   // Both modes give the eager result.
   const std::vector<float> want = (fl::matmul(a, b) + fl::matmul(c, b)).to_vector<float>();
   CHECK(products(a, b, c).to_vector<float>() == want);
