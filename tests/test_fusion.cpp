@@ -2,6 +2,7 @@
 // which it leaves (graph outputs, shared values, broadcasting operands, other devices, stateful
 // nodes, integer dtypes), and that the fused kernel gives exactly the eager ops' results.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -325,6 +326,64 @@ TEST_CASE("fusion stops at stateful nodes, other devices, integer dtypes and con
     fl::detail::fuse_elementwise(b.graph);
     b.graph.check_invariants();
     CHECK(live_ops(b.graph).size() == 3);
+  }
+}
+
+TEST_CASE("a comparison fuses into the where that reads its mask (relu's gradient), matching eager exactly") {
+  for (const int64_t n : {int64_t{1}, int64_t{1000}, int64_t{100003}}) {
+    CAPTURE(n);
+    Builder b;
+    const fl::ValueRef x = b.arg(fl::Shape{n});
+    const fl::ValueRef g = b.arg(fl::Shape{n});
+    const fl::ValueRef zero = b.scalar(0.0);
+    const fl::ValueRef mask = b.op("greater", {x, zero});
+    b.graph.node(mask.node).outputs[0].dtype = fl::b8;
+    const fl::ValueRef y = b.op("where", {mask, g, zero});
+    b.graph.node(y.node).outputs[0].dtype = fl::f32;
+    b.graph.set_outputs({y});
+    fl::Graph unfused = b.graph;
+    fl::detail::fuse_elementwise(b.graph);
+    b.graph.check_invariants();
+    const auto ops = live_ops(b.graph);
+    REQUIRE(ops.size() == 1);
+    REQUIRE(is_fused(*ops[0]));
+    CHECK(program_of(*ops[0]).steps.size() == 2);
+    CHECK(program_of(*ops[0]).steps[0].dtype == fl::b8);
+    // Signed zeros, NaN and values on both sides of 0, over tiles and a tail.
+    std::vector<float> xs(static_cast<size_t>(n)), gs(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const auto k = static_cast<size_t>(i);
+      xs[k] = i % 7 == 0 ? -0.0f : i % 11 == 0 ? NAN : static_cast<float>(i % 5) - 2.0f;
+      gs[k] = static_cast<float>(i) * 0.25f - 3.0f;
+    }
+    const fl::Tensor xt = fl::tensor(xs, fl::Shape{n}), gt = fl::tensor(gs, fl::Shape{n});
+    check_identical<float>(run(b.graph, {xt, gt}).at(0), run(unfused, {xt, gt}).at(0));
+  }
+}
+
+TEST_CASE("a comparison nothing float reads stays unfused, and so do comparisons of integers") {
+  SUBCASE("a group rooted at a comparison") {
+    Builder b;
+    const fl::ValueRef x = b.arg(fl::Shape{100});
+    const fl::ValueRef e = b.op("exp", {x});
+    const fl::ValueRef mask = b.op("greater", {e, b.scalar(1.0)});
+    b.graph.node(mask.node).outputs[0].dtype = fl::b8;
+    b.graph.set_outputs({mask});
+    fl::detail::fuse_elementwise(b.graph);
+    b.graph.check_invariants();
+    CHECK(live_ops(b.graph).size() == 2);
+  }
+  SUBCASE("integer operands") {
+    Builder b;
+    const fl::ValueRef x = b.arg(fl::Shape{100}, fl::i32);
+    const fl::ValueRef g = b.arg(fl::Shape{100});
+    const fl::ValueRef mask = b.op("greater", {x, b.scalar(0.0, fl::i32)});
+    b.graph.node(mask.node).outputs[0].dtype = fl::b8;
+    const fl::ValueRef y = b.op("where", {mask, g, b.scalar(0.0)});
+    b.graph.node(y.node).outputs[0].dtype = fl::f32;
+    b.graph.set_outputs({y});
+    fl::detail::fuse_elementwise(b.graph);
+    CHECK(live_ops(b.graph).size() == 2);
   }
 }
 

@@ -13,12 +13,14 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+#include "exec/executor.hpp"
 #include "runtime/thread_pool.hpp"
 #include "support/reference.hpp"
 
@@ -34,6 +36,32 @@ namespace {
 const bool threads_configured = [] { return setenv("FLOWLET_NUM_THREADS", "4", /*overwrite=*/0) == 0; }();
 
 constexpr auto kTimeout = std::chrono::seconds(30);
+
+// Sets (or, with nullptr, unsets) an environment variable for a scope, restoring it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 // A countdown with a timed wait (std::latch has none), so a lost task fails the test, not hangs it.
 class Countdown {
@@ -215,9 +243,60 @@ TEST_CASE("with every worker blocked, a parallel_for caller runs all its chunks 
   REQUIRE(state.done->wait());
 }
 
+// The mode the executor chooses for a traced function's (optimized) graph.
+flowlet::detail::RunMode plan_mode(const fl::Graph& graph) {
+  return flowlet::detail::Plan(std::make_shared<const fl::Graph>(graph), /*dynamic_shapes=*/false).mode();
+}
+
+TEST_CASE("a plan overlaps independent big nodes only when one of them leaves threads idle") {
+  using flowlet::detail::RunMode;
+  if (thread_budget() == 1 || intra_op_threads() < thread_budget()) return;  // nothing to decide
+  const ScopedEnv automatic("FLOWLET_EXECUTOR", nullptr);
+  fl::TraceOptions options;
+  options.fuse_elementwise = false;  // keep the two branches separate nodes
+  // Two independent elementwise nodes, each big enough that its parallel_for has a chunk for every
+  // thread (and over the "expensive" line): overlapping them cannot pay.
+  const int64_t filling = std::max<int64_t>(flowlet::detail::kParallelGrain * thread_budget(), 1 << 18);
+  auto branches = fl::trace([](fl::Tensor x) { return fl::exp(x) + fl::sqrt(x); }, options);
+  const fl::Tensor big = fl::ones({filling});
+  CHECK(plan_mode(branches.graph(big)) == RunMode::sequential);
+  // Two independent GEMMs of 128 x 256 x 160 = 5.2M multiply-adds: more than one thread's share
+  // (4.2M), less than two threads': each leaves threads idle, so they overlap.
+  auto products = fl::trace([](fl::Tensor a, fl::Tensor b, fl::Tensor c) { return fl::matmul(a, b) + fl::matmul(c, b); },
+                            options);
+  const fl::Tensor a = fl::ones({128, 256}), b = fl::ones({256, 160}), c = fl::ones({128, 256});
+  CHECK(plan_mode(products.graph(a, b, c)) == RunMode::concurrent);
+  // The same GEMMs one after the other: nothing independent to overlap.
+  auto chain = fl::trace([](fl::Tensor a, fl::Tensor b, fl::Tensor c) { return fl::matmul(fl::matmul(a, b), fl::transpose(b)) + c; },
+                         options);
+  CHECK(plan_mode(chain.graph(a, b, c)) == RunMode::sequential);
+  // FLOWLET_EXECUTOR forces a mode, read whenever a plan is built.
+  {
+    const ScopedEnv forced("FLOWLET_EXECUTOR", "concurrent");
+    CHECK(plan_mode(branches.graph(big)) == RunMode::concurrent);
+  }
+  {
+    const ScopedEnv forced("FLOWLET_EXECUTOR", "sequential");
+    CHECK(plan_mode(products.graph(a, b, c)) == RunMode::sequential);
+  }
+  {
+    const ScopedEnv forced("FLOWLET_EXECUTOR", "dataflow");
+    CHECK(plan_mode(products.graph(a, b, c)) == RunMode::dataflow);
+    CHECK(plan_mode(branches.graph(big)) == RunMode::dataflow);
+  }
+  {
+    const ScopedEnv unknown("FLOWLET_EXECUTOR", "fastest");  // not a mode: the plan chooses
+    CHECK(plan_mode(branches.graph(big)) == RunMode::sequential);
+  }
+  // Both modes give the eager result.
+  const std::vector<float> want = (fl::matmul(a, b) + fl::matmul(c, b)).to_vector<float>();
+  CHECK(products(a, b, c).to_vector<float>() == want);
+  CHECK(branches(big).to_vector<float>()[0] == doctest::Approx(std::exp(1.0f) + 1.0f));
+}
+
 TEST_CASE("the caller of a concurrent traced step runs the nodes it hands to the pool while it waits") {
   // Every worker is held by a task until the step has returned, so the nodes the plan hands to the
-  // pool (q below: p and q are independent and big, so the plan runs concurrently) can only run on
+  // pool (q below: p and q are independent and big, and the plan is made concurrent) can only run on
   // the step's calling thread. A caller that slept in the step's wait would leave them queued until
   // the held tasks time out (issue 18: with FLOWLET_NUM_THREADS=2 the one worker then ran every
   // later node, and the caller idled).
@@ -250,6 +329,10 @@ TEST_CASE("the caller of a concurrent traced step runs the nodes it hands to the
   fl::TraceOptions options;
   options.optimize = false;  // keep p and q separate nodes
   options.fuse_elementwise = false;
+  // p and q each split over every thread, so left to itself the plan would run them in order
+  // (fills_pool); this test is about the concurrent mode, so it asks for it (read as the plan is
+  // built, at the first call below).
+  const ScopedEnv concurrent("FLOWLET_EXECUTOR", "concurrent");
   auto f = fl::trace(
       [&](fl::Tensor x) {
         const fl::Tensor a = fl::exp(x * 0.001f);

@@ -201,6 +201,47 @@ TEST_CASE("a traced training step matches the eager one, step after step (SGD, S
   }
 }
 
+TEST_CASE("a traced batch-norm gradient skips the unused statistics' terms, as the eager one does") {
+  // The tape hands a rule zeros for outputs nobody used; batch_norm_training's rule then skips the
+  // mean and var terms (x * slope + offset: three passes over x). Traced, those zeros are symbolic;
+  // the graph must skip them too, and must keep them when the statistics are used.
+  const fl::Tensor x = fl::randn({4, 3, 5, 5}, 21);
+  const fl::Tensor w = fl::randn({4, 3, 5, 5}, 22);
+  const fl::Tensor v = fl::randn({3}, 23);
+  for (const bool use_mean : {false, true}) {
+    CAPTURE(use_mean);
+    auto grads = [&](fl::Tensor xs, fl::Tensor gamma, fl::Tensor beta) {
+      fl::GradientTape tape;
+      tape.watch(xs);
+      tape.watch(gamma);
+      tape.watch(beta);
+      const fl::BatchNormOutput o = fl::batch_norm_training(xs, gamma, beta);
+      fl::Tensor loss = fl::sum(o.y * w);
+      if (use_mean) loss = loss + fl::sum(o.mean * v) + fl::sum(o.var * v);
+      return tape.gradient(loss, {xs, gamma, beta});
+    };
+    const fl::Tensor gamma = fl::randn({3}, 24) + 1.5f, beta = fl::randn({3}, 25);
+    auto traced = fl::trace(grads);
+    const std::vector<fl::Tensor> want = grads(x, gamma, beta), got = traced(x, gamma, beta);
+    REQUIRE(got.size() == 3);
+    for (size_t i = 0; i < 3; ++i) check_close(got[i], want[i], 1e-5);
+    // Ops over x's shape that read x itself: the forward and backward kernels, plus x * slope only
+    // when the statistics are used.
+    const fl::Graph& g = traced.graph(x, gamma, beta);
+    int readers_of_x = 0;
+    for (const fl::Node& n : g.nodes()) {
+      if (n.removed || n.kind != fl::NodeKind::op || n.outputs.empty() || n.outputs[0].shape != x.shape()) continue;
+      for (const fl::ValueRef& in : n.inputs) {
+        if (g.node(in.node).kind == fl::NodeKind::argument && g.node(in.node).argument == 0) {
+          ++readers_of_x;
+          break;
+        }
+      }
+    }
+    CHECK(readers_of_x == (use_mean ? 3 : 2));
+  }
+}
+
 TEST_CASE("an op failing inside a graph throws its own error type, naming the node and the source line") {
   const fl::Tensor table = fl::randn({4, 3}, 5);
   auto lookup = fl::trace([&](fl::Tensor ids) { return fl::gather(table, ids) * 2.0f; });

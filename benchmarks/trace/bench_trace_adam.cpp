@@ -1,5 +1,5 @@
 // bench_trace_adam: the MLP 784-256-10 step with Adam (lr 1e-3), flowlet eager against traced,
-// interleaved (one eager round, one traced round, repeated), median of the rounds' per-step times;
+// interleaved (one eager round, one traced round, repeated; which goes first alternates), median of the rounds' per-step times;
 // beside them TensorFlow's eager, tf.function and XLA steps with Keras' Adam on the same model
 // (benchmarks/peers/tf_peer.py mlp_step --optimizer adam, measured between flowlet's first and
 // second half of rounds, same thread count). Issue 18, goal 2 (the traced batch-1 step <= 0.8x
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../mlp_step.hpp"
+#include "../round_order.hpp"
 #include "../tf_peer.hpp"
 
 namespace fl = flowlet;
@@ -95,13 +96,18 @@ int main(int argc, char** argv) {
       }
     }
     std::vector<double> e, t, eu, tu;
+    // Each round times every contender once, in a balanced order (round_order.hpp): eager first in
+    // one round, traced first in the next, so neither always runs in the other's wake.
+    int round = 0;
     auto measure_rounds = [&](int count) {
-      for (int r = 0; r < count; ++r) {
-        e.push_back(round_us(eager, data, steps));
-        t.push_back(round_us(traced, data, steps));
-        if (unfused) {
-          eu.push_back(round_us(eager_unfused, data, steps));
-          tu.push_back(round_us(traced_unfused, data, steps));
+      for (int r = 0; r < count; ++r, ++round) {
+        for (const size_t which : flowlet_bench::round_order(unfused ? 4 : 2, round)) {
+          switch (which) {
+            case 0: e.push_back(round_us(eager, data, steps)); break;
+            case 1: t.push_back(round_us(traced, data, steps)); break;
+            case 2: eu.push_back(round_us(eager_unfused, data, steps)); break;
+            default: tu.push_back(round_us(traced_unfused, data, steps)); break;
+          }
         }
       }
     };

@@ -27,6 +27,7 @@
 #include "../../examples/fashion_mnist_cnn.hpp"
 #include "../../examples/fashion_mnist_mlp.hpp"
 #include "../harness.hpp"
+#include "../round_order.hpp"
 #include "../torch_peer.hpp"
 
 namespace fl = flowlet;
@@ -127,6 +128,10 @@ struct TorchCnn {
 
 void compare_cnn_step() {
   const Batch data;
+  // libtorch's OpenMP threads spin after each parallel region unless told otherwise; under load that
+  // slows libtorch and whatever runs next, so the setting belongs with the figures.
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  fmt::print("   OMP_WAIT_POLICY {} (libtorch's OpenMP threads)\n", wait_policy != nullptr ? wait_policy : "(unset)");
   bench::Options options;
   options.samples = 7;
   options.sample_seconds = 0.5;
@@ -183,15 +188,19 @@ void compare_cnn_step() {
   section.compare(fused_result, plain_result, std::nullopt);
 }
 
-// The same four steps in interleaved rounds: each round times every contender for a few calls (the
-// order rotating every round), and each contender's figure is the median of its rounds. On a
-// shared machine the load drifts over the ~10 s that one contender's section above takes (single
-// sections of the same step were seen 86 ms and 118 ms apart an hour later), so the sections' order
-// biases their ratios; here a drift hits all contenders alike. BENCH_CNN_ROUNDS sets the rounds.
+// The same four steps in interleaved rounds: each round times every contender for a few calls, and
+// each contender's figure is the median of its rounds. On a shared machine the load drifts over the
+// ~10 s that one contender's section above takes (single sections of the same step were seen 86 ms
+// and 118 ms apart an hour later), so the sections' order biases their ratios; here a drift hits
+// all contenders alike. The order within a round follows a balanced Latin square (round_order.hpp):
+// with a plain rotation "flowlet traced" always ran right after libtorch, whose OpenMP threads
+// may still spin then, and the two identical traced graphs measured apart (issue 18). Each
+// contender's first call of a round is not timed (it pays for the previous contender's cache
+// contents). BENCH_CNN_ROUNDS sets the rounds (default 8: two full squares).
 void compare_cnn_step_interleaved() {
   const Batch data;
   const char* rounds_env = std::getenv("BENCH_CNN_ROUNDS");
-  const int rounds = rounds_env != nullptr ? std::max(1, std::atoi(rounds_env)) : 9;
+  const int rounds = rounds_env != nullptr ? std::max(1, std::atoi(rounds_env)) : 8;
   constexpr int kCallsPerRound = 3;
   struct Contender {
     std::string name;
@@ -228,8 +237,9 @@ void compare_cnn_step_interleaved() {
 #endif
   for (Contender& c : contenders) c.step();  // one untimed call each
   for (int r = 0; r < rounds; ++r) {
-    for (size_t j = 0; j < contenders.size(); ++j) {
-      Contender& c = contenders[(j + static_cast<size_t>(r)) % contenders.size()];
+    for (const size_t j : flowlet_bench::round_order(contenders.size(), r)) {
+      Contender& c = contenders[j];
+      c.step();  // untimed: the first call after another contender
       const auto start = std::chrono::steady_clock::now();
       for (int i = 0; i < kCallsPerRound; ++i) c.step();
       c.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
@@ -240,8 +250,9 @@ void compare_cnn_step_interleaved() {
     std::sort(v.begin(), v.end());
     return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
   };
-  fmt::print("-- CNN train step, batch {}, interleaved: {} rounds of {} calls per contender, {} threads\n", kBatch,
-             rounds, kCallsPerRound, kThreads);
+  fmt::print("-- CNN train step, batch {}, interleaved: {} rounds of 1 untimed + {} timed calls per contender (balanced "
+             "order), {} threads\n",
+             kBatch, rounds, kCallsPerRound, kThreads);
   for (const Contender& c : contenders) {
     fmt::print("   {:<32} {:8.2f} ms  [{:.2f} ms, {:.2f} ms]\n", c.name, median(c.ms),
                *std::min_element(c.ms.begin(), c.ms.end()), *std::max_element(c.ms.begin(), c.ms.end()));

@@ -8,6 +8,8 @@
 //     pool, so a waiting node holds no thread.
 //   - concurrent: dataflow that also hands expensive ready nodes beyond the first to the shared
 //     pool (runtime/thread_pool.hpp), so independent branches overlap without oversubscribing.
+//     Chosen only where overlap can pay: two independent big nodes, one of which leaves threads
+//     idle (a node whose kernel splits over every thread already has them all; fills_pool).
 // In all, a slot's tensor is dropped as soon as its last reader has run, so memory peaks like
 // the eager program's. A failing node cancels the step (later nodes, in every partition, are
 // skipped; waiting Recvs are woken) and its error is rethrown once every running node has stopped.
@@ -38,16 +40,37 @@ namespace {
 constexpr double kExpensiveMultiplyAdds = 1 << 22;
 constexpr int64_t kExpensiveElements = 1 << 18;
 
+// The multiply-adds of a contraction node (0 for any other node).
+double multiply_adds(const Graph& g, const Node& node) {
+  if (!node.op->has_flag(kContraction) || node.inputs.size() != 2 || node.outputs.empty()) return 0;
+  const Shape& a = g.meta(node.inputs[0]).shape;
+  const double k = a.size() >= 2 ? static_cast<double>(a[a.size() - 1]) : 0.0;
+  return static_cast<double>(node.outputs[0].shape.numel()) * k;
+}
+
+int64_t largest_output(const Node& node) {
+  int64_t most = 0;
+  for (const TensorMeta& meta : node.outputs) most = std::max(most, meta.shape.numel());
+  return most;
+}
+
 bool is_expensive(const Graph& g, const Node& node) {
-  for (const TensorMeta& meta : node.outputs) {
-    if (meta.shape.numel() >= kExpensiveElements) return true;
-  }
-  if (node.op->has_flag(kContraction) && node.inputs.size() == 2 && !node.outputs.empty()) {
-    const Shape& a = g.meta(node.inputs[0]).shape;
-    const double k = a.size() >= 2 ? static_cast<double>(a[a.size() - 1]) : 0.0;
-    return static_cast<double>(node.outputs[0].shape.numel()) * k >= kExpensiveMultiplyAdds;
-  }
-  return false;
+  return largest_output(node) >= kExpensiveElements || multiply_adds(g, node) >= kExpensiveMultiplyAdds;
+}
+
+// Whether a node is big enough that its own kernel already keeps every thread of the budget busy:
+// its parallel_for (kParallelGrain elements a chunk) or GEMM split (one thread per
+// kExpensiveMultiplyAdds, as the matmul kernel splits) has a piece for each thread. Running two such
+// nodes side by side cannot finish sooner than one after the other, each over all threads: it only
+// halves the threads each gets, evicts one's working set from the shared cache with the other's,
+// and pays thread hops (issue 18: the batch-1024 MLP step and the CNN step, concurrent at 2
+// threads, were not faster than eager). Never true while ops are capped below the budget
+// (FLOWLET_INTRA_OP_THREADS): then overlap is how the other threads get used.
+bool fills_pool(const Graph& g, const Node& node) {
+  const int threads = intra_op_threads();
+  if (threads < thread_budget()) return false;
+  return largest_output(node) >= kParallelGrain * threads ||
+         multiply_adds(g, node) >= kExpensiveMultiplyAdds * threads;
 }
 
 int64_t now_ns() {
@@ -61,16 +84,16 @@ int thread_number() {
   return number;
 }
 
-// FLOWLET_EXECUTOR=sequential|concurrent overrides the choice of mode.
+// FLOWLET_EXECUTOR=sequential|dataflow|concurrent overrides the choice of mode (sequential stays
+// dataflow where a plan has async nodes or is one of a group's partitions). Read whenever a plan is built
+// (once per traced signature), so a benchmark or test can compare modes in one process.
 std::optional<RunMode> forced_mode() {
-  static const std::optional<RunMode> mode = []() -> std::optional<RunMode> {
-    const char* env = std::getenv("FLOWLET_EXECUTOR");
-    if (!env) return std::nullopt;
-    if (std::string_view(env) == "sequential") return RunMode::sequential;
-    if (std::string_view(env) == "concurrent") return RunMode::concurrent;
-    return std::nullopt;
-  }();
-  return mode;
+  const char* env = std::getenv("FLOWLET_EXECUTOR");
+  if (!env) return std::nullopt;
+  if (std::string_view(env) == "sequential") return RunMode::sequential;
+  if (std::string_view(env) == "concurrent") return RunMode::concurrent;
+  if (std::string_view(env) == "dataflow") return RunMode::dataflow;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -188,6 +211,7 @@ Plan::Layout Plan::lay_out(const Graph& g) {
     item.num_outputs = static_cast<int32_t>(node.outputs.size());
     item.allocate = !node.op->has_flag(kView) && !item.async_kernel;
     item.expensive = is_expensive(g, node);
+    item.fills_pool = item.expensive && fills_pool(g, node);
     layout.item_of[id] = items_.push_back(item);
   }
   return layout;
@@ -234,8 +258,9 @@ void Plan::mark_outputs(const Graph& g, const Layout& layout) {
 }
 
 RunMode Plan::choose_mode(bool in_group) const {
-  // Overlap pays only when two big nodes are independent (neither waits for the other); a chain of
-  // big nodes runs faster sequentially, each split over every thread.
+  // Overlap pays only when two big nodes are independent (neither waits for the other) and one of
+  // them leaves threads idle; a chain of big nodes, or big nodes that each split over every thread,
+  // run faster sequentially (fills_pool).
   // A plan wholly on GPUs gains nothing from host threads: its kernels queue on the device's one
   // compute stream in issue order (and only a sequential plan can be recorded as a CUDA Graph).
   const bool on_gpus = !items_.empty() && std::all_of(items_.begin(), items_.end(), [&](const Item& item) {
@@ -243,23 +268,30 @@ RunMode Plan::choose_mode(bool in_group) const {
   });
   const std::optional<RunMode> forced = forced_mode();
   const bool concurrent =
-      forced ? *forced == RunMode::concurrent
-             : !on_gpus && thread_budget() > 1 && has_independent_expensive_items();
+      forced ? *forced == RunMode::concurrent : !on_gpus && thread_budget() > 1 && overlap_pays();
   if (concurrent) return RunMode::concurrent;
-  return has_async_ || in_group ? RunMode::dataflow : RunMode::sequential;
+  const bool dataflow = has_async_ || in_group || forced == RunMode::dataflow;
+  return dataflow ? RunMode::dataflow : RunMode::sequential;
 }
 
-bool Plan::has_independent_expensive_items() const {
+bool Plan::overlap_pays() const {
   // Which of the first 64 expensive items each item waits for, directly or not (items are in
   // topological order, so one forward pass propagates it).
   IndexedVector<ItemIndex, uint64_t> waits_for(items_.size(), 0);
   IndexedVector<ItemIndex, int> bit(items_.size(), -1);
+  uint64_t partial = 0;  // the expensive items that leave threads idle
   int expensive = 0;
   for (ItemIndex i(0); i < items_.end_index(); ++i) {
     if (!items_[i].expensive) continue;
-    if (expensive == 64) return true;  // too many to track: assume some overlap
+    if (expensive == 64) {  // too many to track: assume overlap where some item leaves threads idle
+      return partial != 0 || std::any_of(items_.begin(), items_.end(), [](const Item& item) {
+               return item.expensive && !item.fills_pool;
+             });
+    }
+    if (!items_[i].fills_pool) partial |= uint64_t{1} << expensive;
     bit[i] = expensive++;
   }
+  if (partial == 0) return false;
   for (ItemIndex i(0); i < items_.end_index(); ++i) {
     const uint64_t mine = waits_for[i] | (bit[i] >= 0 ? uint64_t{1} << bit[i] : 0);
     for (ItemIndex c : consumers(items_[i])) waits_for[c] |= mine;
@@ -268,8 +300,10 @@ bool Plan::has_independent_expensive_items() const {
   // in topological order, item j can only wait for earlier items.
   for (ItemIndex j(0); j < items_.end_index(); ++j) {
     if (bit[j] < 0) continue;
-    const uint64_t earlier = (uint64_t{1} << bit[j]) - 1;  // expensive items before j
-    if ((waits_for[j] & earlier) != earlier) return true;  // some earlier big item is not an ancestor
+    const uint64_t earlier = (uint64_t{1} << bit[j]) - 1;    // expensive items before j
+    const uint64_t independent = earlier & ~waits_for[j];   // ... that j does not wait for
+    const bool j_partial = (partial >> bit[j]) & 1;
+    if (independent != 0 && (j_partial || (independent & partial) != 0)) return true;
   }
   return false;
 }

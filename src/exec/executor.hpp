@@ -104,8 +104,8 @@ using ItemIndex = Index<struct ItemTag>;  // an op node the plan runs, in topolo
 using SlotIndex = Index<struct SlotTag>;  // one output value of a node
 using PartitionIndex = Index<struct PartitionTag>;  // one device's part of a graph (Executable)
 
-// How a plan runs its items, chosen once when it is built (FLOWLET_EXECUTOR=sequential|concurrent
-// forces one for tests and benchmarks).
+// How a plan runs its items, chosen once when it is built (FLOWLET_EXECUTOR=sequential|concurrent,
+// read as each plan is built, forces one for tests and benchmarks).
 enum class RunMode : uint8_t {
   sequential,  // in topological order on the calling thread: no queue, no atomics, no thread hop
   dataflow,    // by pending counts, on the threads that finish producers (async items, partitions)
@@ -174,6 +174,7 @@ class Plan {
     int32_t initial_pending = 0;  // producer items this one waits for
     bool allocate = true;         // false for views and async ops, whose kernels make their outputs
     bool expensive = false;       // worth handing to another thread
+    bool fills_pool = false;      // expensive, and its own kernel already splits over every thread
   };
   struct Layout;  // what the constructor works out about the graph's nodes before linking items
 
@@ -186,7 +187,7 @@ class Plan {
   void link_items(const Layout& layout);
   void mark_outputs(const Graph& g, const Layout& layout);
   RunMode choose_mode(bool in_group) const;
-  bool has_independent_expensive_items() const;
+  bool overlap_pays() const;  // two independent expensive items, one of them leaving threads idle
 
   void feed(Step& step, std::span<const Tensor> arguments) const;
   // Runs one item. False when an async kernel is still waiting: its completion finishes it later.

@@ -16,7 +16,9 @@
 //     the union of the members' control inputs (all earlier than the root).
 //
 // A node is fusible when it is a live op node with kElementwise (not kView, not kStateful, not
-// already fused; attributes, if any, describable), one output of dtype f32 or f64, a CPU kernel,
+// already fused; attributes, if any, describable), one output of dtype f32 or f64 (or b8 from f32
+// or f64 inputs: a comparison whose mask a later step reads, as relu's gradient
+// where(x > 0, g, 0) does; such a node is never a group's root), a CPU kernel,
 // and inputs that each have its output's shape or are rank-0 (no f16/bf16 operands: their kernels
 // upcast through whole-tensor copies). A fusible node joins the group of a fusible producer when
 // every use of that producer's value is by this node, both have one shape and one device. Groups
@@ -33,6 +35,7 @@ namespace flowlet::detail {
 namespace {
 
 constexpr bool is_half(DType dt) { return dt == f16 || dt == bf16; }
+constexpr bool is_float(DType dt) { return dt == f32 || dt == f64; }
 
 bool is_fusible(const Graph& graph, const Node& node) {
   if (node.removed || node.kind != NodeKind::op || node.op == nullptr) return false;
@@ -44,11 +47,13 @@ bool is_fusible(const Graph& graph, const Node& node) {
   if (node.device.kind() != DeviceKind::cpu || !op.kernels[static_cast<size_t>(DeviceKind::cpu)]) return false;
   if (node.outputs.size() != 1) return false;
   const TensorMeta& out = node.outputs[0];
-  if (out.dtype != f32 && out.dtype != f64) return false;
+  const bool comparison = out.dtype == b8;  // of floats: a mask for a later step (relu's gradient)
+  if (!is_float(out.dtype) && !comparison) return false;
   if (node.inputs.empty()) return false;
   for (const ValueRef& in : node.inputs) {
     const TensorMeta& meta = graph.meta(in);
     if (is_half(meta.dtype)) return false;
+    if (comparison && !is_float(meta.dtype)) return false;
     if (meta.shape.rank() != 0 && meta.shape != out.shape) return false;  // broadcasts: not a tile
   }
   return true;
@@ -172,7 +177,9 @@ void fuse_elementwise(Graph& graph) {
     }
   }
   for (size_t i = 0; i < count; ++i) {
-    if (members[i].size() < 2) continue;
+    // A comparison joins a group only as a member: a group rooted at one (nothing float read its
+    // mask) stays as it was.
+    if (members[i].size() < 2 || !is_float(graph.node(static_cast<int32_t>(i)).outputs[0].dtype)) continue;
     std::sort(members[i].begin(), members[i].end());  // topological: steps run in node order
     fuse_group(graph, members[i]);
   }
