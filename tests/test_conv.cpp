@@ -8,9 +8,14 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "kernels/conv_block_gemm.hpp"  // white-box: the Winograd kernels' own small GEMM
 #include "kernels/conv_winograd.hpp"  // white-box (src/ on the include path): the Winograd kernels and their transforms
 #include "../src/ops/conv_attrs.hpp"  // white-box: the relu activation only the fusion pass sets
 #include "flowlet/trace.hpp"
@@ -132,16 +137,17 @@ TEST_CASE("conv2d, its backward ops and pooling match central finite differences
   CHECK(cases >= 30);
 }
 
-TEST_CASE("the Winograd F(2, 3) and F(2, 5) transforms compute the 1-D correlation") {
+TEST_CASE("the Winograd F(2, 3), F(2, 5) and F(4, 5) transforms compute the 1-D correlation") {
   // sum_j A^T[i][j] G[j][k] B^T[j][s] must be 1 where input s meets weight k for output i (s = i + k)
   // and 0 elsewhere, which is y_i = sum_k g_k d_{i+k} for every d and g.
-  for (const int r : {3, 5}) {
-    INFO("r = ", r);
-    const fl::detail::WinogradTransform& t = fl::detail::winograd_transform(r);
+  for (const auto& [r, m] : {std::pair{3, 2}, std::pair{5, 2}, std::pair{5, 4}}) {
+    INFO("r = ", r, ", m = ", m);
+    const fl::detail::WinogradTransform& t = fl::detail::winograd_transform(r, m);
     REQUIRE(t.r == r);
-    REQUIRE(t.alpha == r + 1);
+    REQUIRE(t.m == m);
+    REQUIRE(t.alpha == m + r - 1);
     const int a = t.alpha;
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < m; ++i)
       for (int k = 0; k < r; ++k)
         for (int s = 0; s < a; ++s) {
           double sum = 0;
@@ -150,6 +156,7 @@ TEST_CASE("the Winograd F(2, 3) and F(2, 5) transforms compute the 1-D correlati
         }
   }
   CHECK_THROWS_AS(fl::detail::winograd_transform(4), std::invalid_argument);
+  CHECK_THROWS_AS(fl::detail::winograd_transform(3, 4), std::invalid_argument);
 }
 
 namespace {
@@ -203,6 +210,56 @@ std::vector<double> naive_backward_weight(const std::vector<double>& x, const st
 
 }  // namespace
 
+TEST_CASE("conv_block_sgemm matches a naive f64 product: row and column tails, k blocks, strides, accumulate") {
+  // A is read through two strides (row-major, column-major and a padded row pitch); k up to 700
+  // crosses the kernel's k blocks (16 KiB of B rows); m covers every row tail of the 6-row tiles,
+  // n the 16- and 8-column tiles. C's pitch is wider than n: the columns past n stay untouched.
+  uint64_t state = 77;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int64_t>(state >> 40) % 2001 - 1000) / 500.0f;
+  };
+  for (const int64_t m : {0, 1, 5, 6, 7, 13, 64})
+    for (const int64_t n : {8, 16, 24, 72})
+      for (const int64_t k : {0, 1, 9, 700})
+        for (const bool a_column_major : {false, true})
+          for (const bool accumulate : {false, true}) {
+            INFO("m ", m, " n ", n, " k ", k, " column-major A ", a_column_major, " accumulate ", accumulate);
+            const int64_t pitch = a_column_major ? m + 3 : k + 5;  // padded pitch of A
+            const int64_t a_row = a_column_major ? 1 : pitch, a_col = a_column_major ? pitch : 1;
+            const int64_t ldb = n + 8, ldc = n + 8;
+            std::vector<float> a(static_cast<size_t>(std::max<int64_t>(m, k) * (pitch + 1) + 1)), b(static_cast<size_t>(k * ldb));
+            std::vector<float> c(static_cast<size_t>(m * ldc));
+            for (float& value : a) value = next();
+            for (float& value : b) value = next();
+            for (float& value : c) value = next();
+            std::vector<double> want(c.begin(), c.end());
+            double scale = 0;
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < n; ++j) {
+                double sum = accumulate ? static_cast<double>(c[static_cast<size_t>(i * ldc + j)]) : 0.0;
+                double magnitude = std::fabs(sum);
+                for (int64_t l = 0; l < k; ++l) {
+                  const double term = static_cast<double>(a[static_cast<size_t>(i * a_row + l * a_col)]) *
+                                      static_cast<double>(b[static_cast<size_t>(l * ldb + j)]);
+                  sum += term;
+                  magnitude += std::fabs(term);
+                }
+                want[static_cast<size_t>(i * ldc + j)] = sum;
+                scale = std::max(scale, magnitude);
+              }
+            fl::detail::conv_block_sgemm(accumulate, m, n, k, a.data(), a_row, a_col, b.data(), ldb, c.data(), ldc);
+            // f32 sums of k + 1 terms: within k * 2^-23 of the sum of magnitudes (plus a margin).
+            const double bound = 1e-7 * static_cast<double>(k + 2) * std::max(scale, 1.0);
+            size_t wrong = 0;
+            for (size_t i = 0; i < c.size(); ++i) wrong += std::fabs(c[i] - want[i]) <= bound ? 0 : 1;
+            CHECK(wrong == 0);
+          }
+  std::vector<float> dummy(64);
+  CHECK_THROWS_AS(fl::detail::conv_block_sgemm(false, 1, 12, 1, dummy.data(), 1, 1, dummy.data(), 12, dummy.data(), 12),
+                  std::invalid_argument);
+}
+
 TEST_CASE("Winograd conv2d and its gradients (3x3, 5x5, stride 1) match naive f64 loops") {
   // Odd output sizes (tiles past the edge), channel counts that are no multiple of the 8-wide
   // vectors, groups, asymmetric pads and pads wider than the kernel (negative pads for the input
@@ -224,48 +281,59 @@ TEST_CASE("Winograd conv2d and its gradients (3x3, 5x5, stride 1) match naive f6
       // big enough for several blocks of tiles and both threads
       {{4, 32, 14, 14}, {64, 32, 5, 5}, {.pad_top = 2, .pad_bottom = 2, .pad_left = 2, .pad_right = 2}, true},
   };
-  uint64_t seed = 300;
-  for (const Case& c : cases) {
-    INFO(test::shape_text(c.x), " * ", test::shape_text(c.w), " groups ", c.spec.groups);
-    const fl::Tensor x = test::random_tensor(c.x, seed), w = test::random_tensor(c.w, seed + 1);
-    const fl::Tensor b = test::random_tensor({c.w[0]}, seed + 2);
-    seed += 3;
-    const std::vector<double> bias = test::values(b);
-    const conv_ref::Image want = conv_ref::conv2d(image_of(x), image_of(w), c.bias ? &bias : nullptr, c.spec);
-    fl::detail::ConvGeometry g;
-    g.n = c.x[0], g.c = c.x[1], g.h = c.x[2], g.w = c.x[3];
-    g.o = c.w[0], g.kh = c.w[2], g.kw = c.w[3];
-    g.oh = want.dims[2], g.ow = want.dims[3];
-    g.pad_top = c.spec.pad_top, g.pad_left = c.spec.pad_left, g.groups = c.spec.groups;
-    REQUIRE(fl::detail::winograd_forward_applies(g));
-    REQUIRE(fl::detail::winograd_backward_input_applies(g));
-    const double bound = g.kh == 3 ? 4e-6 : 2e-5;
-    auto within = [&](const std::vector<double>& want_values) {
-      double scale = 0;
-      for (const double value : want_values) scale = std::max(scale, std::fabs(value));
-      return test::Tolerance{0.0, bound * scale};
-    };
+  // Both engines of the per-position products (conv_block_sgemm, the default, and OpenBLAS), and
+  // 5x5 forward / input gradient with 4x4 tiles (the default where they pay) and 2x2 ones.
+  for (const auto& [own_gemm, large_tiles] : {std::pair{"1", "1"}, std::pair{"0", "1"}, std::pair{"1", "0"}}) {
+    setenv("FLOWLET_CONV_BLOCK_GEMM", own_gemm, 1);
+    setenv("FLOWLET_CONV_WINOGRAD_4X4", large_tiles, 1);
+    uint64_t seed = 300;
+    for (const Case& c : cases) {
+      INFO(test::shape_text(c.x), " * ", test::shape_text(c.w), " groups ", c.spec.groups, " own GEMM ", own_gemm, " 4x4 tiles ", large_tiles);
+      const fl::Tensor x = test::random_tensor(c.x, seed), w = test::random_tensor(c.w, seed + 1);
+      const fl::Tensor b = test::random_tensor({c.w[0]}, seed + 2);
+      seed += 3;
+      const std::vector<double> bias = test::values(b);
+      const conv_ref::Image want = conv_ref::conv2d(image_of(x), image_of(w), c.bias ? &bias : nullptr, c.spec);
+      fl::detail::ConvGeometry g;
+      g.n = c.x[0], g.c = c.x[1], g.h = c.x[2], g.w = c.x[3];
+      g.o = c.w[0], g.kh = c.w[2], g.kw = c.w[3];
+      g.oh = want.dims[2], g.ow = want.dims[3];
+      g.pad_top = c.spec.pad_top, g.pad_left = c.spec.pad_left, g.groups = c.spec.groups;
+      REQUIRE(fl::detail::winograd_forward_applies(g));
+      REQUIRE(fl::detail::winograd_backward_input_applies(g));
+      // The CNN demo's shape takes 4x4 tiles unless they are switched off; 3x3 kernels keep 2x2.
+      if (g.kh == 5 && g.oh == 14) CHECK(fl::detail::winograd_tile(g) == (std::string_view(large_tiles) == "1" ? 4 : 2));
+      if (g.kh == 3) CHECK(fl::detail::winograd_tile(g) == 2);
+      const double bound = g.kh == 3 ? 4e-6 : 2e-5;
+      auto within = [&](const std::vector<double>& want_values) {
+        double scale = 0;
+        for (const double value : want_values) scale = std::max(scale, std::fabs(value));
+        return test::Tolerance{0.0, bound * scale};
+      };
 
-    fl::Tensor y = fl::zeros(fl::Shape(want.dims));
-    fl::detail::conv2d_winograd_forward(g, x.data<float>(), w.data<float>(), c.bias ? b.data<float>() : nullptr,
-                                        c.spec.relu, y.data<float>());
-    check_tensor(y, want.values, fl::Shape(want.dims), fl::f32, within(want.values));
-    // conv2d itself takes this path for f32.
-    const fl::Tensor through_op = conv2d_relu(x, w, c.bias ? b : fl::Tensor(), c.spec);
-    if (c.spec.relu) check_tensor(through_op, want.values, fl::Shape(want.dims), fl::f32, within(want.values));
+      fl::Tensor y = fl::zeros(fl::Shape(want.dims));
+      fl::detail::conv2d_winograd_forward(g, x.data<float>(), w.data<float>(), c.bias ? b.data<float>() : nullptr,
+                                          c.spec.relu, y.data<float>());
+      check_tensor(y, want.values, fl::Shape(want.dims), fl::f32, within(want.values));
+      // conv2d itself takes this path for f32.
+      const fl::Tensor through_op = conv2d_relu(x, w, c.bias ? b : fl::Tensor(), c.spec);
+      if (c.spec.relu) check_tensor(through_op, want.values, fl::Shape(want.dims), fl::f32, within(want.values));
 
-    const fl::Tensor dy = test::random_tensor(fl::Shape(want.dims), seed + 7);
-    fl::Tensor dx = fl::full(c.x, 123.0f);  // overwritten, never accumulated into
-    fl::detail::conv2d_winograd_backward_input(g, dy.data<float>(), w.data<float>(), dx.data<float>());
-    const std::vector<double> want_dx = naive_backward_input(test::values(dy), test::values(w), g);
-    check_tensor(dx, want_dx, c.x, fl::f32, within(want_dx));
+      const fl::Tensor dy = test::random_tensor(fl::Shape(want.dims), seed + 7);
+      fl::Tensor dx = fl::full(c.x, 123.0f);  // overwritten, never accumulated into
+      fl::detail::conv2d_winograd_backward_input(g, dy.data<float>(), w.data<float>(), dx.data<float>());
+      const std::vector<double> want_dx = naive_backward_input(test::values(dy), test::values(w), g);
+      check_tensor(dx, want_dx, c.x, fl::f32, within(want_dx));
 
-    REQUIRE(fl::detail::winograd_backward_weight_applies(g));
-    fl::Tensor dw = fl::full(c.w, 123.0f);  // overwritten, never accumulated into
-    fl::detail::conv2d_winograd_backward_weight(g, x.data<float>(), dy.data<float>(), dw.data<float>());
-    const std::vector<double> want_dw = naive_backward_weight(test::values(x), test::values(dy), g);
-    check_tensor(dw, want_dw, c.w, fl::f32, within(want_dw));
+      REQUIRE(fl::detail::winograd_backward_weight_applies(g));
+      fl::Tensor dw = fl::full(c.w, 123.0f);  // overwritten, never accumulated into
+      fl::detail::conv2d_winograd_backward_weight(g, x.data<float>(), dy.data<float>(), dw.data<float>());
+      const std::vector<double> want_dw = naive_backward_weight(test::values(x), test::values(dy), g);
+      check_tensor(dw, want_dw, c.w, fl::f32, within(want_dw));
+    }
   }
+  unsetenv("FLOWLET_CONV_BLOCK_GEMM");
+  unsetenv("FLOWLET_CONV_WINOGRAD_4X4");
 }
 
 TEST_CASE("on big shapes (row blocks, several chunks) the backward ops are conv2d's adjoints") {

@@ -1,23 +1,27 @@
-// Winograd F(2x2, r x r) convolutions (see conv_winograd.hpp). The tiles of all images are numbered
+// Winograd F(m x m, r x r) convolutions (see conv_winograd.hpp). The tiles of all images are numbered
 // q = (image * tiles_h + tile_y) * tiles_w + tile_x and processed in blocks of `block` tiles. The
 // input is first copied zero-padded and channel-blocked ([n][c/8][hp][wp][8], so a window of 8
 // channels is one vector load and no tile needs a bounds check). Per block and group: the input
 // transform writes V [tile][alpha^2][channel], alpha^2 GEMMs
 // M_xi [tiles, og] = V_xi [tiles, cg] @ U_xi [cg, og] contract the channels (row stride
-// alpha^2 * channels), and the output transform turns each tile's M [tile][alpha^2][og] into its
-// 2x2 outputs. Tile-major V and M keep a tile's alpha^2 vectors together: position-major, the
+// alpha^2 * channels; conv_block_sgemm, which reads them in place, or OpenBLAS with
+// FLOWLET_CONV_BLOCK_GEMM=0), and the output transform turns each tile's M [tile][alpha^2][og] into
+// its m x m outputs. The weight gradient keeps F(2x2) tiles of dy and OpenBLAS. Tile-major V and M keep a tile's alpha^2 vectors together: position-major, the
 // transforms' stores and loads hit alpha^2 lines a block apart (perf: the transform share of the
 // CNN step fell from 0.53 to 0.39 of the GEMM kernel's). Transforms run on 8 channels at once (GCC
 // vector types) with the matrices as compile-time constants, so their zeros cost nothing.
 #include "kernels/conv_winograd.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
+#include <string_view>
 
 #include <cblas.h>
 
 #include "kernels/blas_threads.hpp"
+#include "kernels/conv_block_gemm.hpp"
 #include "runtime/thread_pool.hpp"
 
 namespace flowlet::detail {
@@ -66,6 +70,32 @@ constexpr Matrix<6, 5> kG5{{{1.0 / 4, 0, 0, 0, 0},
                             {1.0 / 24, -2.0 / 24, 4.0 / 24, -8.0 / 24, 16.0 / 24},
                             {0, 0, 0, 0, 1}}};
 constexpr Matrix<2, 6> kAt5{{{1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -2, 1}}};
+// F(4, 5) at 0, +-1, +-2, +-1/2, infinity: 64 multiplications per 4x4 outputs instead of 4 x 36 per
+// 2x2 (1.7x fewer on the CNN demo's 14x14 outputs, 16x16 of which the tiles cover). Built like the
+// others (B^T's rows the polynomials prod_{l != j} (x - p_l), scaled to integers, G's rows p_j^k
+// over prod_{l != j} (p_j - p_l) and the same scale; A^T[i][j] = p_j^i); the halves keep its f32
+// error near F(2, 5)'s (an f32 simulation on 32 channels: median 3.1e-6 of the tile's largest
+// output vs 1.5e-6, max 9.2e-6 vs 7.9e-6; the points +-3 instead gave 1.8e-4, +-4 2.5e-4).
+constexpr Matrix<8, 8> kBt5x4{{{4, 0, -21, 0, 21, 0, -4, 0},
+                               {0, 4, 4, -17, -17, 4, 4, 0},
+                               {0, -4, 4, 17, -17, -4, 4, 0},
+                               {0, 2, 1, -10, -5, 8, 4, 0},
+                               {0, -2, 1, 10, -5, -8, 4, 0},
+                               {0, 4, 8, -5, -10, 1, 2, 0},
+                               {0, -4, 8, 5, -10, -1, 2, 0},
+                               {0, -4, 0, 21, 0, -21, 0, 4}}};
+constexpr Matrix<8, 5> kG5x4{{{1.0 / 4, 0, 0, 0, 0},
+                              {-1.0 / 18, -1.0 / 18, -1.0 / 18, -1.0 / 18, -1.0 / 18},
+                              {-1.0 / 18, 1.0 / 18, -1.0 / 18, 1.0 / 18, -1.0 / 18},
+                              {1.0 / 360, 1.0 / 180, 1.0 / 90, 1.0 / 45, 2.0 / 45},
+                              {1.0 / 360, -1.0 / 180, 1.0 / 90, -1.0 / 45, 2.0 / 45},
+                              {16.0 / 45, 8.0 / 45, 4.0 / 45, 2.0 / 45, 1.0 / 45},
+                              {16.0 / 45, -8.0 / 45, 4.0 / 45, -2.0 / 45, 1.0 / 45},
+                              {0, 0, 0, 0, 1.0 / 4}}};
+constexpr Matrix<4, 8> kAt5x4{{{1, 1, 1, 1, 1, 1, 1, 0},
+                               {0, 1, -1, 2, -2, 1.0 / 2, -1.0 / 2, 0},
+                               {0, 1, 1, 4, 4, 1.0 / 4, 1.0 / 4, 0},
+                               {0, 1, -1, 8, -8, 1.0 / 8, -1.0 / 8, 1}}};
 
 // The weight gradient is F(r, 2): r outputs from the same alpha-input windows and a 2-tap "kernel"
 // (a 2x2 tile of dy). With the same points and B^T, sum_j p_j^e s_j B^T[j][s] = [s == e] (the
@@ -108,6 +138,22 @@ struct Tables<5> {
   static constexpr const Matrix<6, 2>& weight_g = kWeightG5;
 };
 
+// The forward transforms of F(M x M, R x R): bt [A][A], g [A][R], at [M][A] with A = M + R - 1.
+template <int R, int M>
+struct ForwardTables;
+template <int R>
+struct ForwardTables<R, 2> {
+  static constexpr const auto& bt = Tables<R>::bt;
+  static constexpr const auto& g = Tables<R>::g;
+  static constexpr const auto& at = Tables<R>::at;
+};
+template <>
+struct ForwardTables<5, 4> {
+  static constexpr const Matrix<8, 8>& bt = kBt5x4;
+  static constexpr const Matrix<8, 5>& g = kG5x4;
+  static constexpr const Matrix<4, 8>& at = kAt5x4;
+};
+
 // out[u][v] = sum_{s,t} m[u][s] in[s][t] m[v][t] on 8 lanes; in is [NIn][NIn], out [NOut][NOut].
 // Fully unrolled, so the zero coefficients drop out at compile time.
 template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
@@ -133,6 +179,20 @@ template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
         if (M.m[v][t] != 0) acc += static_cast<float>(M.m[v][t]) * half[u * NIn + t];
       out[u * NOut + v] = acc;
     }
+}
+
+// False when FLOWLET_CONV_BLOCK_GEMM=0: the per-position products go to OpenBLAS instead of
+// conv_block_sgemm (read per call, so a benchmark can compare both in one process).
+bool block_gemm_enabled() {
+  const char* value = std::getenv("FLOWLET_CONV_BLOCK_GEMM");
+  return value == nullptr || std::string_view(value) != "0";
+}
+
+// False when FLOWLET_CONV_WINOGRAD_4X4=0: 5x5 kernels keep F(2x2, 5x5) (read per call, so a
+// benchmark can compare both in one process).
+bool large_tiles_enabled() {
+  const char* value = std::getenv("FLOWLET_CONV_WINOGRAD_4X4");
+  return value == nullptr || std::string_view(value) != "0";
 }
 
 bool square_kernel_stride_one(const ConvGeometry& g) {
@@ -161,15 +221,16 @@ void pad_channel_blocks(const ConvGeometry& g, const float* x, int64_t cg8, int6
   }
 }
 
-// The forward convolution for kernel size R (alpha = R + 1); see the file comment.
-template <int R>
+// The forward convolution F(M x M, R x R) (alpha = M + R - 1); see the file comment.
+template <int R, int M>
 void forward(const ConvGeometry& g, const float* x, const float* w, const float* bias, bool relu, float* y) {
-  constexpr int A = R + 1, A2 = A * A;
-  using T = Tables<R>;
+  constexpr int A = M + R - 1, A2 = A * A;
+  using T = ForwardTables<R, M>;
   use_pool_threads_only();
+  const bool own_gemm = block_gemm_enabled();
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
   const int64_t cg8 = round_up(cg, kLanes), og8 = round_up(og, kLanes), c8 = g.groups * cg8;
-  const int64_t tiles_h = (g.oh + 1) / 2, tiles_w = (g.ow + 1) / 2, per_image = tiles_h * tiles_w;
+  const int64_t tiles_h = (g.oh + M - 1) / M, tiles_w = (g.ow + M - 1) / M, per_image = tiles_h * tiles_w;
   const int64_t tiles = g.n * per_image;
   if (tiles == 0 || og == 0) return;
 
@@ -209,7 +270,7 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
       std::clamp<int64_t>(static_cast<int64_t>(std::min<double>(intra_op_threads(), work / kWorkPerThread)), 1, blocks);
 
   // The input padded and channel-blocked by pad_channel_blocks, its chunks beside the weights'.
-  const int64_t hp = 2 * tiles_h + A - 2, wp = 2 * tiles_w + A - 2;
+  const int64_t hp = M * tiles_h + R - 1, wp = M * tiles_w + R - 1;
   const int64_t channel_blocks = g.n * c8 / kLanes;
   const auto padded = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(channel_blocks * hp * wp * kLanes));
   auto pad_input = [&](int64_t chunk) {
@@ -223,7 +284,7 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
     // Uninitialized: every element a GEMM or transform reads is written first in its block.
     const auto v = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(A2 * block * cg8));
     const auto mm = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(A2 * block * og8));
-    v8 d[A2], vt[A2], out[4];
+    v8 d[A2], vt[A2], out[M * M];
     for (int64_t b = first; b < last; ++b) {
       const int64_t q0 = b * block, count = std::min(block, tiles - q0);
       for (int64_t group = 0; group < g.groups; ++group) {
@@ -231,7 +292,7 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
         for (int64_t t = 0; t < count; ++t) {
           const int64_t q = q0 + t, image = q / per_image, rest = q % per_image;
           const float* window = padded.get() + (image * c8 + group * cg8) * hp * wp +
-                                ((rest / tiles_w) * wp + rest % tiles_w) * 2 * kLanes;
+                                ((rest / tiles_w) * wp + rest % tiles_w) * M * kLanes;
           for (int64_t cb = 0; cb < cg8; cb += kLanes) {
             const float* p = window + cb * hp * wp;
             for (int s = 0; s < A; ++s)
@@ -241,24 +302,31 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
           }
         }
         // The channel contractions, one small GEMM per transform position.
-        for (int xi = 0; xi < A2; ++xi)
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(count), static_cast<int>(og8),
-                      static_cast<int>(cg), 1.0f, &v[static_cast<size_t>(xi * cg8)], static_cast<int>(A2 * cg8),
-                      &u[static_cast<size_t>((group * A2 + xi) * cg * og8)], static_cast<int>(og8), 0.0f,
-                      &mm[static_cast<size_t>(xi * og8)], static_cast<int>(A2 * og8));
-        // Output transform: each tile's 2x2 outputs, bias and relu, into y (tiles past the edge of
-        // an odd-sized output drop their last row or column).
+        for (int xi = 0; xi < A2; ++xi) {
+          const float* vx = &v[static_cast<size_t>(xi * cg8)];
+          const float* ux = &u[static_cast<size_t>((group * A2 + xi) * cg * og8)];
+          float* mx = &mm[static_cast<size_t>(xi * og8)];
+          if (own_gemm) {
+            conv_block_sgemm(false, count, og8, cg, vx, A2 * cg8, 1, ux, og8, mx, A2 * og8);
+          } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(count), static_cast<int>(og8),
+                        static_cast<int>(cg), 1.0f, vx, static_cast<int>(A2 * cg8), ux, static_cast<int>(og8), 0.0f,
+                        mx, static_cast<int>(A2 * og8));
+          }
+        }
+        // Output transform: each tile's M x M outputs, bias and relu, into y (tiles past the edge
+        // of the output drop the rows and columns outside it).
         for (int64_t t = 0; t < count; ++t) {
           const int64_t q = q0 + t, image = q / per_image, rest = q % per_image;
-          const int64_t oy = (rest / tiles_w) * 2, ox = (rest % tiles_w) * 2;
-          const int rows = oy + 1 < g.oh ? 2 : 1, cols = ox + 1 < g.ow ? 2 : 1;
+          const int64_t oy = (rest / tiles_w) * M, ox = (rest % tiles_w) * M;
+          const int64_t rows = std::min<int64_t>(M, g.oh - oy), cols = std::min<int64_t>(M, g.ow - ox);
           float* at_out = y + (image * g.o + group * og) * g.oh * g.ow + oy * g.ow + ox;
           for (int64_t ob = 0; ob < og8; ob += kLanes) {
             for (int xi = 0; xi < A2; ++xi) vt[xi] = load(&mm[static_cast<size_t>((t * A2 + xi) * og8 + ob)]);
-            transform_2d<2, A, T::at>(vt, out);
+            transform_2d<M, A, T::at>(vt, out);
             const v8 b8 = load(&shift[static_cast<size_t>(group * og8 + ob)]);
-            float values[4][kLanes];
-            for (int k = 0; k < 4; ++k) {
+            float values[M * M][kLanes];
+            for (int k = 0; k < M * M; ++k) {
               v8 value = out[k] + b8;
               if (relu) value = value > 0.0f ? value : v8{};
               store(values[k], value);
@@ -266,8 +334,8 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
             const int64_t lanes = std::min<int64_t>(kLanes, og - ob);
             for (int64_t k = 0; k < lanes; ++k) {
               float* to = at_out + (ob + k) * g.oh * g.ow;
-              for (int i = 0; i < rows; ++i)
-                for (int j = 0; j < cols; ++j) to[i * g.ow + j] = values[i * 2 + j][k];
+              for (int64_t i = 0; i < rows; ++i)
+                for (int64_t j = 0; j < cols; ++j) to[i * g.ow + j] = values[i * M + j][k];
             }
           }
         }
@@ -354,11 +422,17 @@ void backward_weight(const ConvGeometry& g, const float* x, const float* dy, flo
             for (int xi = 0; xi < A2; ++xi) store(&dd[static_cast<size_t>((t * A2 + xi) * og8 + ob)], vt[xi]);
           }
         }
-        for (int xi = 0; xi < A2; ++xi)
+        for (int xi = 0; xi < A2; ++xi) {
+          const float* dpos = &dd[static_cast<size_t>(xi * og8)];
+          const float* vx = &v[static_cast<size_t>(xi * cg8)];
+          float* sx = &sum[static_cast<size_t>((group * A2 + xi) * og * cg8)];
+          // OpenBLAS here: K = the block's tiles, both operands a tile apart per k step; its packing
+          // pays (conv_block_sgemm reading them in place measured 10-25% slower: 33 vs 28 ms CPU for
+          // the demo's conv2 weight gradient, one thread).
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(og), static_cast<int>(cg8),
-                      static_cast<int>(count), 1.0f, &dd[static_cast<size_t>(xi * og8)], static_cast<int>(A2 * og8),
-                      &v[static_cast<size_t>(xi * cg8)], static_cast<int>(A2 * cg8), 1.0f,
-                      &sum[static_cast<size_t>((group * A2 + xi) * og * cg8)], static_cast<int>(cg8));
+                      static_cast<int>(count), 1.0f, dpos, static_cast<int>(A2 * og8), vx, static_cast<int>(A2 * cg8),
+                      1.0f, sx, static_cast<int>(cg8));
+        }
       }
     }
   };
@@ -396,12 +470,24 @@ void backward_weight(const ConvGeometry& g, const float* x, const float* dy, flo
 
 }  // namespace
 
-const WinogradTransform& winograd_transform(int r) {
-  static const WinogradTransform f3{3, 4, flat(kBt3), flat(kG3), flat(kAt3)};
-  static const WinogradTransform f5{5, 6, flat(kBt5), flat(kG5), flat(kAt5)};
-  if (r == 3) return f3;
-  if (r == 5) return f5;
-  throw std::invalid_argument("winograd_transform: only F(2, 3) and F(2, 5) are built");
+const WinogradTransform& winograd_transform(int r, int m) {
+  static const WinogradTransform f3{3, 2, 4, flat(kBt3), flat(kG3), flat(kAt3)};
+  static const WinogradTransform f5{5, 2, 6, flat(kBt5), flat(kG5), flat(kAt5)};
+  static const WinogradTransform f5x4{5, 4, 8, flat(kBt5x4), flat(kG5x4), flat(kAt5x4)};
+  if (r == 3 && m == 2) return f3;
+  if (r == 5 && m == 2) return f5;
+  if (r == 5 && m == 4) return f5x4;
+  throw std::invalid_argument("winograd_transform: only F(2, 3), F(2, 5) and F(4, 5) are built");
+}
+
+int winograd_tile(const ConvGeometry& g) {
+  if (g.kh != 5) return 2;
+  // Multiplications per channel pair: alpha^2 per tile, over the tiles covering the output.
+  auto cost = [&](int64_t m) {
+    const int64_t alpha = m + g.kh - 1;
+    return alpha * alpha * ((g.oh + m - 1) / m) * ((g.ow + m - 1) / m);
+  };
+  return cost(4) < cost(2) && large_tiles_enabled() ? 4 : 2;
 }
 
 bool winograd_forward_applies(const ConvGeometry& g) {
@@ -413,9 +499,11 @@ bool winograd_backward_input_applies(const ConvGeometry& g) { return winograd_fo
 void conv2d_winograd_forward(const ConvGeometry& g, const float* x, const float* w, const float* bias, bool relu,
                              float* y) {
   if (g.kh == 3) {
-    forward<3>(g, x, w, bias, relu, y);
+    forward<3, 2>(g, x, w, bias, relu, y);
+  } else if (winograd_tile(g) == 4) {
+    forward<5, 4>(g, x, w, bias, relu, y);
   } else {
-    forward<5>(g, x, w, bias, relu, y);
+    forward<5, 2>(g, x, w, bias, relu, y);
   }
 }
 
