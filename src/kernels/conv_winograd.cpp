@@ -6,7 +6,8 @@
 // M_xi [tiles, og] = V_xi [tiles, cg] @ U_xi [cg, og] contract the channels (row stride
 // alpha^2 * channels; conv_block_sgemm, which reads them in place, or OpenBLAS with
 // FLOWLET_CONV_BLOCK_GEMM=0), and the output transform turns each tile's M [tile][alpha^2][og] into
-// its m x m outputs. The weight gradient keeps F(2x2) tiles of dy and OpenBLAS. Tile-major V and M keep a tile's alpha^2 vectors together: position-major, the
+// its m x m outputs. The weight gradient runs the same tiles the other way round (m x m tiles of
+// dy, OpenBLAS for its products). Tile-major V and M keep a tile's alpha^2 vectors together: position-major, the
 // transforms' stores and loads hit alpha^2 lines a block apart (perf: the transform share of the
 // CNN step fell from 0.53 to 0.39 of the GEMM kernel's). Transforms run on 8 channels at once (GCC
 // vector types) with the matrices as compile-time constants, so their zeros cost nothing.
@@ -138,6 +139,23 @@ struct Tables<5> {
   static constexpr const Matrix<6, 2>& weight_g = kWeightG5;
 };
 
+// The weight gradient with 4x4 tiles of dy, F(5, 4) on F(4, 5)'s points: G'[j][k] = s_j p_j^k
+// (k < 4, s_j the row scales of kG5x4), A'^T[i][j] = p_j^i (i < 5); infinity in the last row and
+// column (see kWeightAt3).
+constexpr Matrix<8, 4> kWeightG5x4{{{1.0 / 4, 0, 0, 0},
+                                    {-1.0 / 18, -1.0 / 18, -1.0 / 18, -1.0 / 18},
+                                    {-1.0 / 18, 1.0 / 18, -1.0 / 18, 1.0 / 18},
+                                    {1.0 / 360, 2.0 / 360, 4.0 / 360, 8.0 / 360},
+                                    {1.0 / 360, -2.0 / 360, 4.0 / 360, -8.0 / 360},
+                                    {16.0 / 45, 8.0 / 45, 4.0 / 45, 2.0 / 45},
+                                    {16.0 / 45, -8.0 / 45, 4.0 / 45, -2.0 / 45},
+                                    {0, 0, 0, 1.0 / 4}}};
+constexpr Matrix<5, 8> kWeightAt5x4{{{1, 1, 1, 1, 1, 1, 1, 0},
+                                     {0, 1, -1, 2, -2, 1.0 / 2, -1.0 / 2, 0},
+                                     {0, 1, 1, 4, 4, 1.0 / 4, 1.0 / 4, 0},
+                                     {0, 1, -1, 8, -8, 1.0 / 8, -1.0 / 8, 0},
+                                     {0, 1, 1, 16, 16, 1.0 / 16, 1.0 / 16, 1}}};
+
 // The forward transforms of F(M x M, R x R): bt [A][A], g [A][R], at [M][A] with A = M + R - 1.
 template <int R, int M>
 struct ForwardTables;
@@ -152,6 +170,21 @@ struct ForwardTables<5, 4> {
   static constexpr const Matrix<8, 8>& bt = kBt5x4;
   static constexpr const Matrix<8, 5>& g = kG5x4;
   static constexpr const Matrix<4, 8>& at = kAt5x4;
+};
+// The weight gradient's: bt [A][A], weight_g [A][M] (dy's M x M tile), weight_at [R][A].
+template <int R, int M>
+struct WeightTables;
+template <int R>
+struct WeightTables<R, 2> {
+  static constexpr const auto& bt = Tables<R>::bt;
+  static constexpr const auto& weight_g = Tables<R>::weight_g;
+  static constexpr const auto& weight_at = Tables<R>::weight_at;
+};
+template <>
+struct WeightTables<5, 4> {
+  static constexpr const Matrix<8, 8>& bt = kBt5x4;
+  static constexpr const Matrix<8, 4>& weight_g = kWeightG5x4;
+  static constexpr const Matrix<5, 8>& weight_at = kWeightAt5x4;
 };
 
 // out[u][v] = sum_{s,t} m[u][s] in[s][t] m[v][t] on 8 lanes; in is [NIn][NIn], out [NOut][NOut].
@@ -351,18 +384,19 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
   }
 }
 
-// The weight gradient for kernel size R: per block of tiles, V [tile][alpha^2][cg8] from the input
-// windows (as forward), D [tile][alpha^2][og8] = G' dy_tile G'^T from each tile's 2x2 of dy (zero
+// The weight gradient for kernel size R over M x M tiles of dy (alpha = M + R - 1): per block of
+// tiles, V [tile][alpha^2][cg8] from the input windows (as forward), D [tile][alpha^2][og8] =
+// G' dy_tile G'^T from each tile's M x M of dy (zero
 // past the output's edge), and S_xi [og, cg8] += D_xi^T @ V_xi (K = the tiles: long, efficient
 // GEMMs); each chunk sums into its own S, and dw = A'^T S A' at the end.
-template <int R>
+template <int R, int M>
 void backward_weight(const ConvGeometry& g, const float* x, const float* dy, float* dw) {
-  constexpr int A = R + 1, A2 = A * A;
-  using T = Tables<R>;
+  constexpr int A = M + R - 1, A2 = A * A;
+  using T = WeightTables<R, M>;
   use_pool_threads_only();
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
   const int64_t cg8 = round_up(cg, kLanes), og8 = round_up(og, kLanes), c8 = g.groups * cg8;
-  const int64_t tiles_h = (g.oh + 1) / 2, tiles_w = (g.ow + 1) / 2, per_image = tiles_h * tiles_w;
+  const int64_t tiles_h = (g.oh + M - 1) / M, tiles_w = (g.ow + M - 1) / M, per_image = tiles_h * tiles_w;
   const int64_t tiles = g.n * per_image;
   std::fill(dw, dw + g.o * cg * R * R, 0.0f);
   if (tiles == 0 || og == 0 || cg == 0) return;
@@ -374,7 +408,7 @@ void backward_weight(const ConvGeometry& g, const float* x, const float* dy, flo
   const int64_t chunks =
       std::clamp<int64_t>(static_cast<int64_t>(std::min<double>(intra_op_threads(), work / kWorkPerThread)), 1, blocks);
 
-  const int64_t hp = 2 * tiles_h + A - 2, wp = 2 * tiles_w + A - 2;
+  const int64_t hp = M * tiles_h + R - 1, wp = M * tiles_w + R - 1;
   const int64_t channel_blocks = g.n * c8 / kLanes;
   const auto padded = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(channel_blocks * hp * wp * kLanes));
   auto pad_input = [&](int64_t chunk) {
@@ -391,7 +425,7 @@ void backward_weight(const ConvGeometry& g, const float* x, const float* dy, flo
     const int64_t first = blocks * chunk / chunks, last = blocks * (chunk + 1) / chunks;
     const auto v = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(A2 * block * cg8));
     const auto dd = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(A2 * block * og8));
-    v8 d[A2], vt[A2], tile_dy[4];
+    v8 d[A2], vt[A2], tile_dy[M * M];
     for (int64_t b = first; b < last; ++b) {
       const int64_t q0 = b * block, count = std::min(block, tiles - q0);
       for (int64_t group = 0; group < g.groups; ++group) {
@@ -399,7 +433,7 @@ void backward_weight(const ConvGeometry& g, const float* x, const float* dy, flo
           const int64_t q = q0 + t, image = q / per_image, rest = q % per_image;
           const int64_t ty = rest / tiles_w, tx = rest % tiles_w;
           const float* window =
-              padded.get() + (image * c8 + group * cg8) * hp * wp + (ty * wp + tx) * 2 * kLanes;
+              padded.get() + (image * c8 + group * cg8) * hp * wp + (ty * wp + tx) * M * kLanes;
           for (int64_t cb = 0; cb < cg8; cb += kLanes) {
             const float* p = window + cb * hp * wp;
             for (int s = 0; s < A; ++s)
@@ -407,18 +441,18 @@ void backward_weight(const ConvGeometry& g, const float* x, const float* dy, flo
             transform_2d<A, A, T::bt>(d, vt);
             for (int xi = 0; xi < A2; ++xi) store(&v[static_cast<size_t>((t * A2 + xi) * cg8 + cb)], vt[xi]);
           }
-          // dy's 2x2 tile for 8 output channels at a time (zero past the edge and past og).
-          const int64_t oy = ty * 2, ox = tx * 2;
+          // dy's M x M tile for 8 output channels at a time (zero past the edge and past og).
+          const int64_t oy = ty * M, ox = tx * M;
           const float* at_dy = dy + (image * g.o + group * og) * g.oh * g.ow + oy * g.ow + ox;
           for (int64_t ob = 0; ob < og8; ob += kLanes) {
-            float values[4][kLanes] = {};
+            float values[M * M][kLanes] = {};
             for (int64_t k = 0; k < kLanes && ob + k < og; ++k) {
               const float* plane = at_dy + (ob + k) * g.oh * g.ow;
-              for (int i = 0; i < 2 && oy + i < g.oh; ++i)
-                for (int j = 0; j < 2 && ox + j < g.ow; ++j) values[i * 2 + j][k] = plane[i * g.ow + j];
+              for (int i = 0; i < M && oy + i < g.oh; ++i)
+                for (int j = 0; j < M && ox + j < g.ow; ++j) values[i * M + j][k] = plane[i * g.ow + j];
             }
-            for (int k = 0; k < 4; ++k) tile_dy[k] = load(values[k]);
-            transform_2d<A, 2, T::weight_g>(tile_dy, vt);
+            for (int k = 0; k < M * M; ++k) tile_dy[k] = load(values[k]);
+            transform_2d<A, M, T::weight_g>(tile_dy, vt);
             for (int xi = 0; xi < A2; ++xi) store(&dd[static_cast<size_t>((t * A2 + xi) * og8 + ob)], vt[xi]);
           }
         }
@@ -531,9 +565,11 @@ bool winograd_backward_weight_applies(const ConvGeometry& g) { return winograd_f
 
 void conv2d_winograd_backward_weight(const ConvGeometry& g, const float* x, const float* dy, float* dw) {
   if (g.kh == 3) {
-    backward_weight<3>(g, x, dy, dw);
+    backward_weight<3, 2>(g, x, dy, dw);
+  } else if (winograd_tile(g) == 4) {
+    backward_weight<5, 4>(g, x, dy, dw);
   } else {
-    backward_weight<5>(g, x, dy, dw);
+    backward_weight<5, 2>(g, x, dy, dw);
   }
 }
 
