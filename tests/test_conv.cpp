@@ -280,6 +280,7 @@ TEST_CASE("Winograd conv2d and its gradients (3x3, 5x5, stride 1) match naive f6
       {{1, 16, 4, 4}, {16, 16, 3, 3}, {.pad_top = 3, .pad_bottom = 3, .pad_left = 3, .pad_right = 3}, false},
       // big enough for several blocks of tiles and both threads
       {{4, 32, 14, 14}, {64, 32, 5, 5}, {.pad_top = 2, .pad_bottom = 2, .pad_left = 2, .pad_right = 2}, true},
+      {{4, 32, 14, 14}, {48, 32, 3, 3}, {.pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1, .relu = true}, true},
   };
   // Both engines of the per-position products (conv_block_sgemm, the default, and OpenBLAS), and
   // 5x5 forward / input gradient with 4x4 tiles (the default where they pay) and 2x2 ones.
