@@ -337,6 +337,47 @@ TEST_CASE("Winograd conv2d and its gradients (3x3, 5x5, stride 1) match naive f6
   unsetenv("FLOWLET_CONV_WINOGRAD_4X4");
 }
 
+TEST_CASE("f32 1x1 conv2d and its gradients (oneDNN's sgemm where built, or OpenBLAS) match naive f64 loops") {
+  // pointwise_gemm: odd positions (35), groups, a batch big enough for two chunks; both engines.
+  struct Case {
+    fl::Shape x, w;
+    int64_t groups;
+  };
+  for (const char* onednn : {"1", "0"}) {
+    setenv("FLOWLET_CONV_POINTWISE_ONEDNN", onednn, 1);
+    uint64_t seed = 600;
+    for (const Case& c : {Case{{3, 24, 5, 7}, {10, 24, 1, 1}, 1}, Case{{2, 16, 6, 6}, {12, 8, 1, 1}, 2},
+                          Case{{4, 64, 14, 14}, {32, 64, 1, 1}, 1}}) {
+      INFO(test::shape_text(c.x), " * ", test::shape_text(c.w), " groups ", c.groups, " oneDNN ", onednn);
+      const fl::Tensor x = test::random_tensor(c.x, seed), w = test::random_tensor(c.w, seed + 1);
+      const conv_ref::ConvSpec spec{.groups = c.groups};
+      const conv_ref::Image want = conv_ref::conv2d(image_of(x), image_of(w), nullptr, spec);
+      auto within = [&](const std::vector<double>& values) {
+        double scale = 0;
+        for (const double value : values) scale = std::max(scale, std::fabs(value));
+        return test::Tolerance{0.0, 1e-5 * scale};
+      };
+      check_tensor(fl::conv2d(x, w, {.groups = c.groups}), want.values, fl::Shape(want.dims), fl::f32, within(want.values));
+      fl::detail::ConvGeometry g;
+      g.n = c.x[0], g.c = c.x[1], g.h = c.x[2], g.w = c.x[3], g.o = c.w[0], g.kh = 1, g.kw = 1;
+      g.oh = c.x[2], g.ow = c.x[3], g.groups = c.groups;
+      const fl::Tensor dy = test::random_tensor(fl::Shape(want.dims), seed + 2);
+      fl::detail::Conv2dAttrs attrs;
+      attrs.groups = c.groups;
+      const fl::detail::Conv2dBackwardAttrs input_attrs{attrs, g.h, g.w}, weight_attrs{attrs, 1, 1};
+      const std::vector<fl::Tensor> input_in{dy, w}, weight_in{x, dy};
+      const std::vector<double> want_dx = naive_backward_input(test::values(dy), test::values(w), g);
+      check_tensor(fl::dispatch(*fl::find_op("conv2d_backward_input"), input_in, &input_attrs), want_dx, c.x, fl::f32,
+                   within(want_dx));
+      const std::vector<double> want_dw = naive_backward_weight(test::values(x), test::values(dy), g);
+      check_tensor(fl::dispatch(*fl::find_op("conv2d_backward_weight"), weight_in, &weight_attrs), want_dw, c.w, fl::f32,
+                   within(want_dw));
+      seed += 3;
+    }
+  }
+  unsetenv("FLOWLET_CONV_POINTWISE_ONEDNN");
+}
+
 TEST_CASE("on big shapes (row blocks, several chunks) the backward ops are conv2d's adjoints") {
   // <conv2d(x, w), dy> = <x, backward_input(dy, w)> = <w, backward_weight(x, dy)>: the gradients of
   // sum(conv2d(x, w) * dy). Each column block of these shapes holds a few output rows only.
