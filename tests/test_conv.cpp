@@ -338,13 +338,13 @@ TEST_CASE("Winograd conv2d and its gradients (3x3, 5x5, stride 1) match naive f6
 }
 
 TEST_CASE("f32 1x1 conv2d and its gradients (oneDNN's sgemm where built, or OpenBLAS) match naive f64 loops") {
-  // pointwise_gemm: odd positions (35), groups, a batch big enough for two chunks; both engines.
+  // product_gemm: odd positions (35), groups, a batch big enough for two chunks; both engines.
   struct Case {
     fl::Shape x, w;
     int64_t groups;
   };
   for (const char* onednn : {"1", "0"}) {
-    setenv("FLOWLET_CONV_POINTWISE_ONEDNN", onednn, 1);
+    setenv("FLOWLET_CONV_ONEDNN", onednn, 1);
     uint64_t seed = 600;
     for (const Case& c : {Case{{3, 24, 5, 7}, {10, 24, 1, 1}, 1}, Case{{2, 16, 6, 6}, {12, 8, 1, 1}, 2},
                           Case{{4, 64, 14, 14}, {32, 64, 1, 1}, 1}}) {
@@ -375,7 +375,7 @@ TEST_CASE("f32 1x1 conv2d and its gradients (oneDNN's sgemm where built, or Open
       seed += 3;
     }
   }
-  unsetenv("FLOWLET_CONV_POINTWISE_ONEDNN");
+  unsetenv("FLOWLET_CONV_ONEDNN");
 }
 
 TEST_CASE("on big shapes (row blocks, several chunks) the backward ops are conv2d's adjoints") {

@@ -6,9 +6,9 @@
 // 1 MiB); OpenBLAS runs on one thread per call
 // (src/kernels/blas_threads.hpp), so the thread budget holds. f32 calls (forward and both gradients)
 // with a 3x3 or 5x5 kernel, stride 1 and enough channels go to the Winograd kernels instead
-// (src/kernels/conv_winograd.hpp; FLOWLET_CONV_WINOGRAD=0 keeps them here). f32 1x1 forward and
-// input-gradient products run on oneDNN's sgemm, held to the calling thread like OpenBLAS
-// (src/kernels/gemm_thin.hpp; FLOWLET_CONV_POINTWISE_ONEDNN=0 keeps OpenBLAS).
+// (src/kernels/conv_winograd.hpp; FLOWLET_CONV_WINOGRAD=0 keeps them here). The f32 forward
+// products (and 1x1 input gradients) run on oneDNN's sgemm, held to the calling thread like
+// OpenBLAS (src/kernels/gemm_thin.hpp; FLOWLET_CONV_ONEDNN=0 keeps OpenBLAS).
 #pragma once
 
 #include <cstdint>
