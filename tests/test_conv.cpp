@@ -15,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/conv_block_gemm.hpp"  // white-box: the Winograd kernels' own small GEMM
 #include "kernels/conv_winograd.hpp"  // white-box (src/ on the include path): the Winograd kernels and their transforms
 #include "../src/ops/conv_attrs.hpp"  // white-box: the relu activation only the fusion pass sets
 #include "flowlet/trace.hpp"
@@ -210,56 +209,6 @@ std::vector<double> naive_backward_weight(const std::vector<double>& x, const st
 
 }  // namespace
 
-TEST_CASE("conv_block_sgemm matches a naive f64 product: row and column tails, k blocks, strides, accumulate") {
-  // A is read through two strides (row-major, column-major and a padded row pitch); k up to 700
-  // crosses the kernel's k blocks (16 KiB of B rows); m covers every row tail of the 6-row tiles,
-  // n the 16- and 8-column tiles. C's pitch is wider than n: the columns past n stay untouched.
-  uint64_t state = 77;
-  auto next = [&] {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<float>(static_cast<int64_t>(state >> 40) % 2001 - 1000) / 500.0f;
-  };
-  for (const int64_t m : {0, 1, 5, 6, 7, 13, 64})
-    for (const int64_t n : {8, 16, 24, 72})
-      for (const int64_t k : {0, 1, 9, 700})
-        for (const bool a_column_major : {false, true})
-          for (const bool accumulate : {false, true}) {
-            INFO("m ", m, " n ", n, " k ", k, " column-major A ", a_column_major, " accumulate ", accumulate);
-            const int64_t pitch = a_column_major ? m + 3 : k + 5;  // padded pitch of A
-            const int64_t a_row = a_column_major ? 1 : pitch, a_col = a_column_major ? pitch : 1;
-            const int64_t ldb = n + 8, ldc = n + 8;
-            std::vector<float> a(static_cast<size_t>(std::max<int64_t>(m, k) * (pitch + 1) + 1)), b(static_cast<size_t>(k * ldb));
-            std::vector<float> c(static_cast<size_t>(m * ldc));
-            for (float& value : a) value = next();
-            for (float& value : b) value = next();
-            for (float& value : c) value = next();
-            std::vector<double> want(c.begin(), c.end());
-            double scale = 0;
-            for (int64_t i = 0; i < m; ++i)
-              for (int64_t j = 0; j < n; ++j) {
-                double sum = accumulate ? static_cast<double>(c[static_cast<size_t>(i * ldc + j)]) : 0.0;
-                double magnitude = std::fabs(sum);
-                for (int64_t l = 0; l < k; ++l) {
-                  const double term = static_cast<double>(a[static_cast<size_t>(i * a_row + l * a_col)]) *
-                                      static_cast<double>(b[static_cast<size_t>(l * ldb + j)]);
-                  sum += term;
-                  magnitude += std::fabs(term);
-                }
-                want[static_cast<size_t>(i * ldc + j)] = sum;
-                scale = std::max(scale, magnitude);
-              }
-            fl::detail::conv_block_sgemm(accumulate, m, n, k, a.data(), a_row, a_col, b.data(), ldb, c.data(), ldc);
-            // f32 sums of k + 1 terms: within k * 2^-23 of the sum of magnitudes (plus a margin).
-            const double bound = 1e-7 * static_cast<double>(k + 2) * std::max(scale, 1.0);
-            size_t wrong = 0;
-            for (size_t i = 0; i < c.size(); ++i) wrong += std::fabs(c[i] - want[i]) <= bound ? 0 : 1;
-            CHECK(wrong == 0);
-          }
-  std::vector<float> dummy(64);
-  CHECK_THROWS_AS(fl::detail::conv_block_sgemm(false, 1, 12, 1, dummy.data(), 1, 1, dummy.data(), 12, dummy.data(), 12),
-                  std::invalid_argument);
-}
-
 TEST_CASE("Winograd conv2d and its gradients (3x3, 5x5, stride 1) match naive f64 loops") {
   // Odd output sizes (tiles past the edge), channel counts that are no multiple of the 8-wide
   // vectors, groups, asymmetric pads and pads wider than the kernel (negative pads for the input
@@ -282,14 +231,14 @@ TEST_CASE("Winograd conv2d and its gradients (3x3, 5x5, stride 1) match naive f6
       {{4, 32, 14, 14}, {64, 32, 5, 5}, {.pad_top = 2, .pad_bottom = 2, .pad_left = 2, .pad_right = 2}, true},
       {{4, 32, 14, 14}, {48, 32, 3, 3}, {.pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1, .relu = true}, true},
   };
-  // Both engines of the per-position products (conv_block_sgemm, the default, and OpenBLAS), and
-  // 5x5 forward / input gradient with 4x4 tiles (the default where they pay) and 2x2 ones.
-  for (const auto& [own_gemm, large_tiles] : {std::pair{"1", "1"}, std::pair{"0", "1"}, std::pair{"1", "0"}}) {
-    setenv("FLOWLET_CONV_BLOCK_GEMM", own_gemm, 1);
+  // Both engines of the forward's per-position products (oneDNN where built, the default, and
+  // OpenBLAS), and 5x5 kernels with 4x4 tiles (the default where they pay) and 2x2 ones.
+  for (const auto& [onednn, large_tiles] : {std::pair{"1", "1"}, std::pair{"0", "1"}, std::pair{"1", "0"}}) {
+    setenv("FLOWLET_CONV_ONEDNN", onednn, 1);
     setenv("FLOWLET_CONV_WINOGRAD_4X4", large_tiles, 1);
     uint64_t seed = 300;
     for (const Case& c : cases) {
-      INFO(test::shape_text(c.x), " * ", test::shape_text(c.w), " groups ", c.spec.groups, " own GEMM ", own_gemm, " 4x4 tiles ", large_tiles);
+      INFO(test::shape_text(c.x), " * ", test::shape_text(c.w), " groups ", c.spec.groups, " oneDNN ", onednn, " 4x4 tiles ", large_tiles);
       const fl::Tensor x = test::random_tensor(c.x, seed), w = test::random_tensor(c.w, seed + 1);
       const fl::Tensor b = test::random_tensor({c.w[0]}, seed + 2);
       seed += 3;
@@ -333,7 +282,7 @@ TEST_CASE("Winograd conv2d and its gradients (3x3, 5x5, stride 1) match naive f6
       check_tensor(dw, want_dw, c.w, fl::f32, within(want_dw));
     }
   }
-  unsetenv("FLOWLET_CONV_BLOCK_GEMM");
+  unsetenv("FLOWLET_CONV_ONEDNN");
   unsetenv("FLOWLET_CONV_WINOGRAD_4X4");
 }
 

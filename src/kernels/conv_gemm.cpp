@@ -129,10 +129,7 @@ template <class T>
 void product_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
                   T* c, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
-    const char* value = std::getenv("FLOWLET_CONV_ONEDNN");
-    if ((value == nullptr || std::string_view(value) != "0") &&
-        thin_sgemm(trans_a, false, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc))
-      return;
+    if (conv_onednn_enabled() && thin_sgemm(trans_a, false, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc)) return;
   }
   gemm(trans_a, false, m, n, k, a, lda, b, ldb, T(0), c, ldc);
 }
@@ -156,6 +153,11 @@ void for_item_ranges(int64_t items, int64_t chunks, Body&& body) {
 }
 
 }  // namespace
+
+bool conv_onednn_enabled() {
+  const char* value = std::getenv("FLOWLET_CONV_ONEDNN");
+  return value == nullptr || std::string_view(value) != "0";
+}
 
 // Output rows per column block: the column matrix of one block stays within kColumnBytes, at
 // least one row.

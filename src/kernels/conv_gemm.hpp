@@ -27,6 +27,11 @@ struct ConvGeometry {
   int64_t groups = 1;
 };
 
+// False when FLOWLET_CONV_ONEDNN=0 (read per call, so a benchmark can compare both engines in one
+// process): the convolution products that take oneDNN's sgemm (src/kernels/gemm_thin.hpp) keep
+// OpenBLAS.
+bool conv_onednn_enabled();
+
 // y = conv(x, w) (+ bias[o] when bias is non-null), then max(y, 0) when relu. y is overwritten.
 template <class T>
 void conv2d_forward_cpu(const ConvGeometry& g, const T* x, const T* w, const T* bias, bool relu, T* y);

@@ -4,8 +4,8 @@
 // channels is one vector load and no tile needs a bounds check). Per block and group: the input
 // transform writes V [tile][alpha^2][channel], alpha^2 GEMMs
 // M_xi [tiles, og] = V_xi [tiles, cg] @ U_xi [cg, og] contract the channels (row stride
-// alpha^2 * channels; conv_block_sgemm, which reads them in place, or OpenBLAS with
-// FLOWLET_CONV_BLOCK_GEMM=0), and the output transform turns each tile's M [tile][alpha^2][og] into
+// alpha^2 * channels; oneDNN's sgemm on the calling thread, or OpenBLAS without it or with
+// FLOWLET_CONV_ONEDNN=0), and the output transform turns each tile's M [tile][alpha^2][og] into
 // its m x m outputs. The weight gradient runs the same tiles the other way round (m x m tiles of
 // dy, OpenBLAS for its products). Tile-major V and M keep a tile's alpha^2 vectors together: position-major, the
 // transforms' stores and loads hit alpha^2 lines a block apart (perf: the transform share of the
@@ -22,7 +22,7 @@
 #include <cblas.h>
 
 #include "kernels/blas_threads.hpp"
-#include "kernels/conv_block_gemm.hpp"
+#include "kernels/gemm_thin.hpp"
 #include "runtime/thread_pool.hpp"
 
 namespace flowlet::detail {
@@ -214,13 +214,6 @@ template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
     }
 }
 
-// False when FLOWLET_CONV_BLOCK_GEMM=0: the per-position products go to OpenBLAS instead of
-// conv_block_sgemm (read per call, so a benchmark can compare both in one process).
-bool block_gemm_enabled() {
-  const char* value = std::getenv("FLOWLET_CONV_BLOCK_GEMM");
-  return value == nullptr || std::string_view(value) != "0";
-}
-
 // False when FLOWLET_CONV_WINOGRAD_4X4=0: 5x5 kernels keep F(2x2, 5x5) (read per call, so a
 // benchmark can compare both in one process).
 bool large_tiles_enabled() {
@@ -260,7 +253,7 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
   constexpr int A = M + R - 1, A2 = A * A;
   using T = ForwardTables<R, M>;
   use_pool_threads_only();
-  const bool own_gemm = block_gemm_enabled();
+  const bool onednn = conv_onednn_enabled();
   const int64_t cg = g.c / g.groups, og = g.o / g.groups;
   const int64_t cg8 = round_up(cg, kLanes), og8 = round_up(og, kLanes), c8 = g.groups * cg8;
   const int64_t tiles_h = (g.oh + M - 1) / M, tiles_w = (g.ow + M - 1) / M, per_image = tiles_h * tiles_w;
@@ -339,13 +332,12 @@ void forward(const ConvGeometry& g, const float* x, const float* w, const float*
           const float* vx = &v[static_cast<size_t>(xi * cg8)];
           const float* ux = &u[static_cast<size_t>((group * A2 + xi) * cg * og8)];
           float* mx = &mm[static_cast<size_t>(xi * og8)];
-          if (own_gemm) {
-            conv_block_sgemm(false, count, og8, cg, vx, A2 * cg8, 1, ux, og8, mx, A2 * og8);
-          } else {
+          // oneDNN's sgemm on this thread where built: 0.83-0.87x OpenBLAS's CPU time here (an own
+          // 6x16 register-blocked kernel reading V in place: 0.9x OpenBLAS's, 1.15-1.2x oneDNN's).
+          if (!(onednn && thin_sgemm(false, false, count, og8, cg, 1.0f, vx, A2 * cg8, ux, og8, 0.0f, mx, A2 * og8)))
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(count), static_cast<int>(og8),
                         static_cast<int>(cg), 1.0f, vx, static_cast<int>(A2 * cg8), ux, static_cast<int>(og8), 0.0f,
                         mx, static_cast<int>(A2 * og8));
-          }
         }
         // Output transform: each tile's M x M outputs, bias and relu, into y (tiles past the edge
         // of the output drop the rows and columns outside it).
@@ -460,9 +452,9 @@ void backward_weight(const ConvGeometry& g, const float* x, const float* dy, flo
           const float* dpos = &dd[static_cast<size_t>(xi * og8)];
           const float* vx = &v[static_cast<size_t>(xi * cg8)];
           float* sx = &sum[static_cast<size_t>((group * A2 + xi) * og * cg8)];
-          // OpenBLAS here: K = the block's tiles, both operands a tile apart per k step; its packing
-          // pays (conv_block_sgemm reading them in place measured 10-25% slower: 33 vs 28 ms CPU for
-          // the demo's conv2 weight gradient, one thread).
+          // OpenBLAS here (K = the block's tiles, both operands a tile apart per k step): oneDNN's
+          // sgemm took 1.2-1.35x its CPU time on the demo's conv2 weight gradient, an own kernel
+          // reading the operands in place 1.1-1.25x.
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(og), static_cast<int>(cg8),
                       static_cast<int>(count), 1.0f, dpos, static_cast<int>(A2 * og8), vx, static_cast<int>(A2 * cg8),
                       1.0f, sx, static_cast<int>(cg8));

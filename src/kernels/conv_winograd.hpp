@@ -5,8 +5,8 @@
 // kernel takes 4x4 blocks from 8x8 tiles where that needs fewer (64 per 16 outputs, 6.25x fewer
 // than direct; its weight gradient 4x4 tiles of dy). The tiles' transforms are batched over blocks
 // of tiles across the whole batch, and the alpha^2 channel contractions are small, cache-resident
-// GEMMs (src/kernels/conv_block_gemm.hpp forward, OpenBLAS for the weight gradient; one thread per
-// call, the blocks split over flowlet's pool). The transform matrices are the Toom-Cook ones for
+// GEMMs (oneDNN's sgemm forward, OpenBLAS for the weight gradient; one thread per call, the
+// blocks split over flowlet's pool). The transform matrices are the Toom-Cook ones for
 // fixed interpolation points (winograd_transform); their f32 error is bounded and tested in
 // tests/test_conv.cpp.
 #pragma once
