@@ -187,6 +187,32 @@ struct WeightTables<5, 4> {
   static constexpr const Matrix<5, 8>& weight_at = kWeightAt5x4;
 };
 
+// sum_s m[u][s] x[s * stride] on 8 lanes, starting from the first nonzero term and taking +-1 as
+// an add or subtract (the zero an accumulator would start from costs an add per output otherwise,
+// which the compiler may not drop: 0 + -0 is +0).
+template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
+[[gnu::always_inline]] inline v8 row_dot(int u, const v8* x, int stride) {
+  v8 acc = {};
+  bool first = true;
+#pragma GCC unroll 8
+  for (int s = 0; s < NIn; ++s) {
+    const double c = M.m[u][s];
+    if (c == 0) continue;
+    const v8 value = x[s * stride];
+    if (first) {
+      acc = c == 1 ? value : c == -1 ? -value : static_cast<float>(c) * value;
+      first = false;
+    } else if (c == 1) {
+      acc += value;
+    } else if (c == -1) {
+      acc -= value;
+    } else {
+      acc += static_cast<float>(c) * value;
+    }
+  }
+  return acc;
+}
+
 // out[u][v] = sum_{s,t} m[u][s] in[s][t] m[v][t] on 8 lanes; in is [NIn][NIn], out [NOut][NOut].
 // Fully unrolled, so the zero coefficients drop out at compile time.
 template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
@@ -195,23 +221,11 @@ template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
 #pragma GCC unroll 8
   for (int u = 0; u < NOut; ++u)
 #pragma GCC unroll 8
-    for (int t = 0; t < NIn; ++t) {
-      v8 acc = {};
-#pragma GCC unroll 8
-      for (int s = 0; s < NIn; ++s)
-        if (M.m[u][s] != 0) acc += static_cast<float>(M.m[u][s]) * in[s * NIn + t];
-      half[u * NIn + t] = acc;
-    }
+    for (int t = 0; t < NIn; ++t) half[u * NIn + t] = row_dot<NOut, NIn, M>(u, in + t, NIn);
 #pragma GCC unroll 8
   for (int u = 0; u < NOut; ++u)
 #pragma GCC unroll 8
-    for (int v = 0; v < NOut; ++v) {
-      v8 acc = {};
-#pragma GCC unroll 8
-      for (int t = 0; t < NIn; ++t)
-        if (M.m[v][t] != 0) acc += static_cast<float>(M.m[v][t]) * half[u * NIn + t];
-      out[u * NOut + v] = acc;
-    }
+    for (int v = 0; v < NOut; ++v) out[u * NOut + v] = row_dot<NOut, NIn, M>(v, half + u * NIn, 1);
 }
 
 // False when FLOWLET_CONV_WINOGRAD_4X4=0: 5x5 kernels keep F(2x2, 5x5) (read per call, so a
