@@ -187,17 +187,17 @@ struct WeightTables<5, 4> {
   static constexpr const Matrix<5, 8>& weight_at = kWeightAt5x4;
 };
 
-// sum_s m[u][s] x[s * stride] on 8 lanes, starting from the first nonzero term and taking +-1 as
-// an add or subtract (the zero an accumulator would start from costs an add per output otherwise,
-// which the compiler may not drop: 0 + -0 is +0).
-template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
+// sum_s m[u][s] x[s * stride] on 8 lanes over the columns s of the given parity (-1: all), starting
+// from the first nonzero term and taking +-1 as an add or subtract (an accumulator starting from
+// zero costs an add per output, which the compiler may not drop: 0 + -0 is +0).
+template <int NOut, int NIn, const Matrix<NOut, NIn>& M, int Parity = -1>
 [[gnu::always_inline]] inline v8 row_dot(int u, const v8* x, int stride) {
   v8 acc = {};
   bool first = true;
 #pragma GCC unroll 8
   for (int s = 0; s < NIn; ++s) {
     const double c = M.m[u][s];
-    if (c == 0) continue;
+    if (c == 0 || (Parity >= 0 && s % 2 != Parity)) continue;
     const v8 value = x[s * stride];
     if (first) {
       acc = c == 1 ? value : c == -1 ? -value : static_cast<float>(c) * value;
@@ -213,19 +213,45 @@ template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
   return acc;
 }
 
+// True when rows u and u + 1 are the points p and -p of the same transform: equal on the even
+// columns, opposite on the odd ones (the rows of B^T and G' for +-1, +-2, +-1/2). Then both come from
+// the even and odd partial sums, E + O and E - O: 8 terms instead of 12 for an 8-point row pair.
+template <int NOut, int NIn>
+constexpr bool rows_pair(const Matrix<NOut, NIn>& m, int u) {
+  if (u + 1 >= NOut) return false;
+  bool odd_terms = false;
+  for (int s = 0; s < NIn; ++s) {
+    if (s % 2 == 0 ? m.m[u + 1][s] != m.m[u][s] : m.m[u + 1][s] != -m.m[u][s]) return false;
+    if (s % 2 == 1 && m.m[u][s] != 0) odd_terms = true;
+  }
+  return odd_terms;
+}
+
+// out[u * out_stride] = sum_s m[u][s] x[s * stride] for rows U.. of M, pairing rows greedily.
+template <int NOut, int NIn, const Matrix<NOut, NIn>& M, int U = 0>
+[[gnu::always_inline]] inline void apply_rows(const v8* x, int stride, v8* out, int out_stride) {
+  if constexpr (U < NOut) {
+    if constexpr (rows_pair(M, U)) {
+      const v8 even = row_dot<NOut, NIn, M, 0>(U, x, stride), odd = row_dot<NOut, NIn, M, 1>(U, x, stride);
+      out[U * out_stride] = even + odd;
+      out[(U + 1) * out_stride] = even - odd;
+      apply_rows<NOut, NIn, M, U + 2>(x, stride, out, out_stride);
+    } else {
+      out[U * out_stride] = row_dot<NOut, NIn, M>(U, x, stride);
+      apply_rows<NOut, NIn, M, U + 1>(x, stride, out, out_stride);
+    }
+  }
+}
+
 // out[u][v] = sum_{s,t} m[u][s] in[s][t] m[v][t] on 8 lanes; in is [NIn][NIn], out [NOut][NOut].
 // Fully unrolled, so the zero coefficients drop out at compile time.
 template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
 [[gnu::always_inline]] inline void transform_2d(const v8* in, v8* out) {
   v8 half[NOut * NIn];
 #pragma GCC unroll 8
-  for (int u = 0; u < NOut; ++u)
+  for (int t = 0; t < NIn; ++t) apply_rows<NOut, NIn, M>(in + t, NIn, half + t, NIn);
 #pragma GCC unroll 8
-    for (int t = 0; t < NIn; ++t) half[u * NIn + t] = row_dot<NOut, NIn, M>(u, in + t, NIn);
-#pragma GCC unroll 8
-  for (int u = 0; u < NOut; ++u)
-#pragma GCC unroll 8
-    for (int v = 0; v < NOut; ++v) out[u * NOut + v] = row_dot<NOut, NIn, M>(v, half + u * NIn, 1);
+  for (int u = 0; u < NOut; ++u) apply_rows<NOut, NIn, M>(half + u * NIn, 1, out + u * NOut, 1);
 }
 
 // False when FLOWLET_CONV_WINOGRAD_4X4=0: 5x5 kernels keep F(2x2, 5x5) (read per call, so a
