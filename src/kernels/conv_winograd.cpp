@@ -14,6 +14,7 @@
 #include "kernels/conv_winograd.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
@@ -243,15 +244,89 @@ template <int NOut, int NIn, const Matrix<NOut, NIn>& M, int U = 0>
   }
 }
 
+// True when columns s and s + 1 are the points p and -p in every row (equal or opposite per row:
+// A^T's columns for +-1, +-2, +-1/2). Then each row takes x_s + x_{s+1} or x_s - x_{s+1}, formed
+// once for all rows.
+template <int NOut, int NIn>
+constexpr bool columns_pair(const Matrix<NOut, NIn>& m, int s) {
+  if (s + 1 >= NIn) return false;
+  bool nonzero = false;
+  for (int u = 0; u < NOut; ++u) {
+    if (m.m[u][s + 1] != m.m[u][s] && m.m[u][s + 1] != -m.m[u][s]) return false;
+    if (m.m[u][s] != 0) nonzero = true;
+  }
+  return nonzero;
+}
+
+// Column s's part in the greedy pairing from column 0: 0 alone, 1 first of a pair, 2 second.
+template <int NOut, int NIn>
+constexpr std::array<int, NIn> column_roles(const Matrix<NOut, NIn>& m) {
+  std::array<int, NIn> roles{};
+  for (int s = 0; s < NIn; ++s) roles[s] = s > 0 && roles[s - 1] == 1 ? 2 : columns_pair(m, s) ? 1 : 0;
+  return roles;
+}
+
+template <int NOut, int NIn>
+constexpr bool has_column_pairs(const Matrix<NOut, NIn>& m) {
+  for (const int role : column_roles(m))
+    if (role == 1) return true;
+  return false;
+}
+
+// apply_rows for a matrix with column pairs: their sums and differences first, then each row.
+template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
+[[gnu::always_inline]] inline void apply_rows_paired_columns(const v8* x, int stride, v8* out, int out_stride) {
+  static constexpr std::array<int, NIn> roles = column_roles(M);
+  v8 sum[NIn], difference[NIn];
+#pragma GCC unroll 8
+  for (int s = 0; s + 1 < NIn; ++s)
+    if (roles[s] == 1) {
+      sum[s] = x[s * stride] + x[(s + 1) * stride];
+      difference[s] = x[s * stride] - x[(s + 1) * stride];
+    }
+#pragma GCC unroll 8
+  for (int u = 0; u < NOut; ++u) {
+    v8 acc = {};
+    bool first = true;
+#pragma GCC unroll 8
+    for (int s = 0; s < NIn; ++s) {
+      const double c = M.m[u][s];
+      if (roles[s] == 2 || c == 0) continue;
+      const v8 value = roles[s] == 1 ? (M.m[u][s + 1] == c ? sum[s] : difference[s]) : x[s * stride];
+      if (first) {
+        acc = c == 1 ? value : c == -1 ? -value : static_cast<float>(c) * value;
+        first = false;
+      } else if (c == 1) {
+        acc += value;
+      } else if (c == -1) {
+        acc -= value;
+      } else {
+        acc += static_cast<float>(c) * value;
+      }
+    }
+    out[u * out_stride] = acc;
+  }
+}
+
+// Either pairing, whichever M has (the row pairs of B^T and G', the column pairs of A^T).
+template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
+[[gnu::always_inline]] inline void apply_matrix(const v8* x, int stride, v8* out, int out_stride) {
+  if constexpr (has_column_pairs(M)) {
+    apply_rows_paired_columns<NOut, NIn, M>(x, stride, out, out_stride);
+  } else {
+    apply_rows<NOut, NIn, M>(x, stride, out, out_stride);
+  }
+}
+
 // out[u][v] = sum_{s,t} m[u][s] in[s][t] m[v][t] on 8 lanes; in is [NIn][NIn], out [NOut][NOut].
 // Fully unrolled, so the zero coefficients drop out at compile time.
 template <int NOut, int NIn, const Matrix<NOut, NIn>& M>
 [[gnu::always_inline]] inline void transform_2d(const v8* in, v8* out) {
   v8 half[NOut * NIn];
 #pragma GCC unroll 8
-  for (int t = 0; t < NIn; ++t) apply_rows<NOut, NIn, M>(in + t, NIn, half + t, NIn);
+  for (int t = 0; t < NIn; ++t) apply_matrix<NOut, NIn, M>(in + t, NIn, half + t, NIn);
 #pragma GCC unroll 8
-  for (int u = 0; u < NOut; ++u) apply_rows<NOut, NIn, M>(half + u * NIn, 1, out + u * NOut, 1);
+  for (int u = 0; u < NOut; ++u) apply_matrix<NOut, NIn, M>(half + u * NIn, 1, out + u * NOut, 1);
 }
 
 // False when FLOWLET_CONV_WINOGRAD_4X4=0: 5x5 kernels keep F(2x2, 5x5) (read per call, so a
