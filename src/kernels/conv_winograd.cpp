@@ -7,10 +7,12 @@
 // alpha^2 * channels; oneDNN's sgemm on the calling thread, or OpenBLAS without it or with
 // FLOWLET_CONV_ONEDNN=0), and the output transform turns each tile's M [tile][alpha^2][og] into
 // its m x m outputs. The weight gradient runs the same tiles the other way round (m x m tiles of
-// dy, OpenBLAS for its products). Tile-major V and M keep a tile's alpha^2 vectors together: position-major, the
-// transforms' stores and loads hit alpha^2 lines a block apart (perf: the transform share of the
-// CNN step fell from 0.53 to 0.39 of the GEMM kernel's). Transforms run on 8 channels at once (GCC
-// vector types) with the matrices as compile-time constants, so their zeros cost nothing.
+// dy, OpenBLAS for its products). Tile-major V and M keep a tile's alpha^2 vectors together:
+// position-major, the transforms' stores and loads hit alpha^2 lines a block apart (perf: the
+// transform share of the CNN step fell from 0.53 to 0.39 of the GEMM kernel's). Transforms run on
+// 8 channels at once (GCC vector types) with the matrices as compile-time constants, so their
+// zeros cost nothing, and the +-p pairs of rows (B^T, G') or columns (A^T) share their partial
+// sums.
 #include "kernels/conv_winograd.hpp"
 
 #include <algorithm>
@@ -33,7 +35,8 @@ namespace {
 constexpr int64_t kMinChannels = 16;
 // Channels per vector.
 constexpr int64_t kLanes = 8;
-// The bytes of V and M one block keeps: both stay in a core's 1 MiB L2 cache while its GEMMs run.
+// The bytes of V and M one block keeps. Meant to fit one core's L2; this VM's is 512 KiB, yet 1 MiB
+// measured fastest with oneDNN's products (their M grows with the block; docs/notes19/wino.md).
 constexpr double kBlockBytes = 1.0 * (1 << 20);
 // Multiply-adds (of the direct convolution) below which another thread does not pay.
 constexpr double kWorkPerThread = 1 << 18;
