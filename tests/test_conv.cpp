@@ -8,7 +8,11 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kernels/conv_winograd.hpp"  // white-box (src/ on the include path): the Winograd kernels and their transforms
@@ -132,16 +136,17 @@ TEST_CASE("conv2d, its backward ops and pooling match central finite differences
   CHECK(cases >= 30);
 }
 
-TEST_CASE("the Winograd F(2, 3) and F(2, 5) transforms compute the 1-D correlation") {
+TEST_CASE("the Winograd F(2, 3), F(2, 5) and F(4, 5) transforms compute the 1-D correlation") {
   // sum_j A^T[i][j] G[j][k] B^T[j][s] must be 1 where input s meets weight k for output i (s = i + k)
   // and 0 elsewhere, which is y_i = sum_k g_k d_{i+k} for every d and g.
-  for (const int r : {3, 5}) {
-    INFO("r = ", r);
-    const fl::detail::WinogradTransform& t = fl::detail::winograd_transform(r);
+  for (const auto& [r, m] : {std::pair{3, 2}, std::pair{5, 2}, std::pair{5, 4}}) {
+    INFO("r = ", r, ", m = ", m);
+    const fl::detail::WinogradTransform& t = fl::detail::winograd_transform(r, m);
     REQUIRE(t.r == r);
-    REQUIRE(t.alpha == r + 1);
+    REQUIRE(t.m == m);
+    REQUIRE(t.alpha == m + r - 1);
     const int a = t.alpha;
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < m; ++i)
       for (int k = 0; k < r; ++k)
         for (int s = 0; s < a; ++s) {
           double sum = 0;
@@ -150,6 +155,7 @@ TEST_CASE("the Winograd F(2, 3) and F(2, 5) transforms compute the 1-D correlati
         }
   }
   CHECK_THROWS_AS(fl::detail::winograd_transform(4), std::invalid_argument);
+  CHECK_THROWS_AS(fl::detail::winograd_transform(3, 4), std::invalid_argument);
 }
 
 namespace {
@@ -223,49 +229,102 @@ TEST_CASE("Winograd conv2d and its gradients (3x3, 5x5, stride 1) match naive f6
       {{1, 16, 4, 4}, {16, 16, 3, 3}, {.pad_top = 3, .pad_bottom = 3, .pad_left = 3, .pad_right = 3}, false},
       // big enough for several blocks of tiles and both threads
       {{4, 32, 14, 14}, {64, 32, 5, 5}, {.pad_top = 2, .pad_bottom = 2, .pad_left = 2, .pad_right = 2}, true},
+      {{4, 32, 14, 14}, {48, 32, 3, 3}, {.pad_top = 1, .pad_bottom = 1, .pad_left = 1, .pad_right = 1, .relu = true}, true},
   };
-  uint64_t seed = 300;
-  for (const Case& c : cases) {
-    INFO(test::shape_text(c.x), " * ", test::shape_text(c.w), " groups ", c.spec.groups);
-    const fl::Tensor x = test::random_tensor(c.x, seed), w = test::random_tensor(c.w, seed + 1);
-    const fl::Tensor b = test::random_tensor({c.w[0]}, seed + 2);
-    seed += 3;
-    const std::vector<double> bias = test::values(b);
-    const conv_ref::Image want = conv_ref::conv2d(image_of(x), image_of(w), c.bias ? &bias : nullptr, c.spec);
-    fl::detail::ConvGeometry g;
-    g.n = c.x[0], g.c = c.x[1], g.h = c.x[2], g.w = c.x[3];
-    g.o = c.w[0], g.kh = c.w[2], g.kw = c.w[3];
-    g.oh = want.dims[2], g.ow = want.dims[3];
-    g.pad_top = c.spec.pad_top, g.pad_left = c.spec.pad_left, g.groups = c.spec.groups;
-    REQUIRE(fl::detail::winograd_forward_applies(g));
-    REQUIRE(fl::detail::winograd_backward_input_applies(g));
-    const double bound = g.kh == 3 ? 4e-6 : 2e-5;
-    auto within = [&](const std::vector<double>& want_values) {
-      double scale = 0;
-      for (const double value : want_values) scale = std::max(scale, std::fabs(value));
-      return test::Tolerance{0.0, bound * scale};
-    };
+  // Both engines of the forward's per-position products (oneDNN where built, the default, and
+  // OpenBLAS), and 5x5 kernels with 4x4 tiles (the default where they pay) and 2x2 ones.
+  for (const auto& [onednn, large_tiles] : {std::pair{"1", "1"}, std::pair{"0", "1"}, std::pair{"1", "0"}}) {
+    setenv("FLOWLET_CONV_ONEDNN", onednn, 1);
+    setenv("FLOWLET_CONV_WINOGRAD_4X4", large_tiles, 1);
+    uint64_t seed = 300;
+    for (const Case& c : cases) {
+      INFO(test::shape_text(c.x), " * ", test::shape_text(c.w), " groups ", c.spec.groups, " oneDNN ", onednn, " 4x4 tiles ", large_tiles);
+      const fl::Tensor x = test::random_tensor(c.x, seed), w = test::random_tensor(c.w, seed + 1);
+      const fl::Tensor b = test::random_tensor({c.w[0]}, seed + 2);
+      seed += 3;
+      const std::vector<double> bias = test::values(b);
+      const conv_ref::Image want = conv_ref::conv2d(image_of(x), image_of(w), c.bias ? &bias : nullptr, c.spec);
+      fl::detail::ConvGeometry g;
+      g.n = c.x[0], g.c = c.x[1], g.h = c.x[2], g.w = c.x[3];
+      g.o = c.w[0], g.kh = c.w[2], g.kw = c.w[3];
+      g.oh = want.dims[2], g.ow = want.dims[3];
+      g.pad_top = c.spec.pad_top, g.pad_left = c.spec.pad_left, g.groups = c.spec.groups;
+      REQUIRE(fl::detail::winograd_forward_applies(g));
+      REQUIRE(fl::detail::winograd_backward_input_applies(g));
+      // The CNN demo's shape takes 4x4 tiles unless they are switched off; 3x3 kernels keep 2x2.
+      if (g.kh == 5 && g.oh == 14) CHECK(fl::detail::winograd_tile(g) == (std::string_view(large_tiles) == "1" ? 4 : 2));
+      if (g.kh == 3) CHECK(fl::detail::winograd_tile(g) == 2);
+      const double bound = g.kh == 3 ? 4e-6 : 2e-5;
+      auto within = [&](const std::vector<double>& want_values) {
+        double scale = 0;
+        for (const double value : want_values) scale = std::max(scale, std::fabs(value));
+        return test::Tolerance{0.0, bound * scale};
+      };
 
-    fl::Tensor y = fl::zeros(fl::Shape(want.dims));
-    fl::detail::conv2d_winograd_forward(g, x.data<float>(), w.data<float>(), c.bias ? b.data<float>() : nullptr,
-                                        c.spec.relu, y.data<float>());
-    check_tensor(y, want.values, fl::Shape(want.dims), fl::f32, within(want.values));
-    // conv2d itself takes this path for f32.
-    const fl::Tensor through_op = conv2d_relu(x, w, c.bias ? b : fl::Tensor(), c.spec);
-    if (c.spec.relu) check_tensor(through_op, want.values, fl::Shape(want.dims), fl::f32, within(want.values));
+      fl::Tensor y = fl::zeros(fl::Shape(want.dims));
+      fl::detail::conv2d_winograd_forward(g, x.data<float>(), w.data<float>(), c.bias ? b.data<float>() : nullptr,
+                                          c.spec.relu, y.data<float>());
+      check_tensor(y, want.values, fl::Shape(want.dims), fl::f32, within(want.values));
+      // conv2d itself takes this path for f32.
+      const fl::Tensor through_op = conv2d_relu(x, w, c.bias ? b : fl::Tensor(), c.spec);
+      if (c.spec.relu) check_tensor(through_op, want.values, fl::Shape(want.dims), fl::f32, within(want.values));
 
-    const fl::Tensor dy = test::random_tensor(fl::Shape(want.dims), seed + 7);
-    fl::Tensor dx = fl::full(c.x, 123.0f);  // overwritten, never accumulated into
-    fl::detail::conv2d_winograd_backward_input(g, dy.data<float>(), w.data<float>(), dx.data<float>());
-    const std::vector<double> want_dx = naive_backward_input(test::values(dy), test::values(w), g);
-    check_tensor(dx, want_dx, c.x, fl::f32, within(want_dx));
+      const fl::Tensor dy = test::random_tensor(fl::Shape(want.dims), seed + 7);
+      fl::Tensor dx = fl::full(c.x, 123.0f);  // overwritten, never accumulated into
+      fl::detail::conv2d_winograd_backward_input(g, dy.data<float>(), w.data<float>(), dx.data<float>());
+      const std::vector<double> want_dx = naive_backward_input(test::values(dy), test::values(w), g);
+      check_tensor(dx, want_dx, c.x, fl::f32, within(want_dx));
 
-    REQUIRE(fl::detail::winograd_backward_weight_applies(g));
-    fl::Tensor dw = fl::full(c.w, 123.0f);  // overwritten, never accumulated into
-    fl::detail::conv2d_winograd_backward_weight(g, x.data<float>(), dy.data<float>(), dw.data<float>());
-    const std::vector<double> want_dw = naive_backward_weight(test::values(x), test::values(dy), g);
-    check_tensor(dw, want_dw, c.w, fl::f32, within(want_dw));
+      REQUIRE(fl::detail::winograd_backward_weight_applies(g));
+      fl::Tensor dw = fl::full(c.w, 123.0f);  // overwritten, never accumulated into
+      fl::detail::conv2d_winograd_backward_weight(g, x.data<float>(), dy.data<float>(), dw.data<float>());
+      const std::vector<double> want_dw = naive_backward_weight(test::values(x), test::values(dy), g);
+      check_tensor(dw, want_dw, c.w, fl::f32, within(want_dw));
+    }
   }
+  unsetenv("FLOWLET_CONV_ONEDNN");
+  unsetenv("FLOWLET_CONV_WINOGRAD_4X4");
+}
+
+TEST_CASE("f32 1x1 conv2d and its gradients (oneDNN's sgemm where built, or OpenBLAS) match naive f64 loops") {
+  // product_gemm: odd positions (35), groups, a batch big enough for two chunks; both engines.
+  struct Case {
+    fl::Shape x, w;
+    int64_t groups;
+  };
+  for (const char* onednn : {"1", "0"}) {
+    setenv("FLOWLET_CONV_ONEDNN", onednn, 1);
+    uint64_t seed = 600;
+    for (const Case& c : {Case{{3, 24, 5, 7}, {10, 24, 1, 1}, 1}, Case{{2, 16, 6, 6}, {12, 8, 1, 1}, 2},
+                          Case{{4, 64, 14, 14}, {32, 64, 1, 1}, 1}}) {
+      INFO(test::shape_text(c.x), " * ", test::shape_text(c.w), " groups ", c.groups, " oneDNN ", onednn);
+      const fl::Tensor x = test::random_tensor(c.x, seed), w = test::random_tensor(c.w, seed + 1);
+      const conv_ref::ConvSpec spec{.groups = c.groups};
+      const conv_ref::Image want = conv_ref::conv2d(image_of(x), image_of(w), nullptr, spec);
+      auto within = [&](const std::vector<double>& values) {
+        double scale = 0;
+        for (const double value : values) scale = std::max(scale, std::fabs(value));
+        return test::Tolerance{0.0, 1e-5 * scale};
+      };
+      check_tensor(fl::conv2d(x, w, {.groups = c.groups}), want.values, fl::Shape(want.dims), fl::f32, within(want.values));
+      fl::detail::ConvGeometry g;
+      g.n = c.x[0], g.c = c.x[1], g.h = c.x[2], g.w = c.x[3], g.o = c.w[0], g.kh = 1, g.kw = 1;
+      g.oh = c.x[2], g.ow = c.x[3], g.groups = c.groups;
+      const fl::Tensor dy = test::random_tensor(fl::Shape(want.dims), seed + 2);
+      fl::detail::Conv2dAttrs attrs;
+      attrs.groups = c.groups;
+      const fl::detail::Conv2dBackwardAttrs input_attrs{attrs, g.h, g.w}, weight_attrs{attrs, 1, 1};
+      const std::vector<fl::Tensor> input_in{dy, w}, weight_in{x, dy};
+      const std::vector<double> want_dx = naive_backward_input(test::values(dy), test::values(w), g);
+      check_tensor(fl::dispatch(*fl::find_op("conv2d_backward_input"), input_in, &input_attrs), want_dx, c.x, fl::f32,
+                   within(want_dx));
+      const std::vector<double> want_dw = naive_backward_weight(test::values(x), test::values(dy), g);
+      check_tensor(fl::dispatch(*fl::find_op("conv2d_backward_weight"), weight_in, &weight_attrs), want_dw, c.w, fl::f32,
+                   within(want_dw));
+      seed += 3;
+    }
+  }
+  unsetenv("FLOWLET_CONV_ONEDNN");
 }
 
 TEST_CASE("on big shapes (row blocks, several chunks) the backward ops are conv2d's adjoints") {

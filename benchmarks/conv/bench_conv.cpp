@@ -1,8 +1,11 @@
 // conv2d on the CPU, forward and forward + backward (input and weight gradients), f32 NCHW, on
-// ResNet-like shapes and the CNN demo's: flowlet's engine (im2col + OpenBLAS on flowlet's pool)
-// against libtorch (at::convolution / at::convolution_backward, its threads set to flowlet's
-// budget) and, when built with oneDNN, oneDNN 2.6 primitives on plain NCHW memory (Debian's build
-// runs on its own OpenMP threads, set to the same count). Target: time <= 1.1 x libtorch's.
+// ResNet-like shapes and the CNN demo's: flowlet's engine (im2col or Winograd on flowlet's pool,
+// src/kernels/conv_gemm.hpp) against libtorch (at::convolution / at::convolution_backward, its
+// threads set to flowlet's budget) and, when built with oneDNN, oneDNN 2.6 primitives on plain NCHW
+// memory (Debian's build runs on its own OpenMP threads, set to the same count). Target: time <=
+// 1.1 x libtorch's. BENCH_CONV_BASELINE=1 adds flowlet with FLOWLET_CONV_WINOGRAD_4X4=0 and
+// FLOWLET_CONV_ONEDNN=0 (the engine of docs/notes18/conv.md) as a contender in the same process,
+// for information.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -116,11 +119,27 @@ void run_shape(const Shape2d& s) {
                      dw.data(), const_cast<float*>(dy.data<float>()));
 #endif
 
+  // The previous round's engine in the same process (the switches are read per call).
+  const bool baseline = std::getenv("BENCH_CONV_BASELINE") != nullptr && std::string(std::getenv("BENCH_CONV_BASELINE")) == "1";
+  auto as_baseline = [](auto&& body) {
+    return [body] {
+      setenv("FLOWLET_CONV_WINOGRAD_4X4", "0", 1);
+      setenv("FLOWLET_CONV_ONEDNN", "0", 1);
+      body();
+      unsetenv("FLOWLET_CONV_WINOGRAD_4X4");
+      unsetenv("FLOWLET_CONV_ONEDNN");
+    };
+  };
   const std::string detail = fmt::format("x [{}, {}, {}, {}], w [{}, {}, {}, {}], stride {}, pad {}", s.n, s.c, s.h, s.w, s.o,
                                          s.c, s.k, s.k, s.stride, s.pad);
   {
     bench::Section section(s.label + " forward", bench::Metric::rate("GFLOP/s", flops / 1e9), detail);
-    const bench::Result ours = section.run("flowlet conv2d", [&] { bench::do_not_optimize(fl::conv2d(x, w, options)); }, big);
+    auto forward = [&] { bench::do_not_optimize(fl::conv2d(x, w, options)); };
+    const bench::Result ours = section.run("flowlet conv2d", forward, big);
+    if (baseline) {
+      const bench::Result before = section.run("flowlet, last round's engine", as_baseline(forward), big);
+      section.compare(ours, before, std::nullopt);
+    }
 #ifdef FLOWLET_BENCH_HAVE_TORCH
     const bench::Result torch = section.run("libtorch at::convolution", [&] { bench::do_not_optimize(torch_forward()); }, big);
 #else
@@ -135,11 +154,16 @@ void run_shape(const Shape2d& s) {
   {
     bench::Section section(s.label + " forward + backward", bench::Metric::rate("GFLOP/s", 3 * flops / 1e9),
                            detail + "; backward = input and weight gradients");
-    const bench::Result ours = section.run("flowlet", [&] {
+    auto both = [&] {
       bench::do_not_optimize(fl::conv2d(x, w, options));
       bench::do_not_optimize(fl::dispatch(backward_input, bi, &input_attrs));
       bench::do_not_optimize(fl::dispatch(backward_weight, bw, &weight_attrs));
-    }, big);
+    };
+    const bench::Result ours = section.run("flowlet", both, big);
+    if (baseline) {
+      const bench::Result before = section.run("flowlet, last round's engine", as_baseline(both), big);
+      section.compare(ours, before, std::nullopt);
+    }
 #ifdef FLOWLET_BENCH_HAVE_TORCH
     const bench::Result torch = section.run("libtorch", [&] {
       bench::do_not_optimize(torch_forward());

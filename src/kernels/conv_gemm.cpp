@@ -1,7 +1,8 @@
 // im2col + GEMM convolutions on the CPU (see conv_gemm.hpp). A work item is one image of one
 // group; items split over flowlet's pool in contiguous ranges, one column buffer per chunk. The
 // three entry points hand the shapes Winograd computes faster (f32, 3x3 or 5x5, stride 1) to
-// conv_winograd.cpp.
+// conv_winograd.cpp; the f32 forward products and 1x1 input-gradient products go to oneDNN's
+// sgemm on the calling thread (product_gemm).
 #include "kernels/conv_gemm.hpp"
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "kernels/blas_threads.hpp"
 #include "kernels/conv_winograd.hpp"
+#include "kernels/gemm_thin.hpp"
 #include "runtime/thread_pool.hpp"
 
 namespace flowlet::detail {
@@ -117,6 +119,21 @@ bool winograd_enabled() {
   return value == nullptr || std::string_view(value) != "0";
 }
 
+// C = op(A) @ B (beta = 0) for the forward products (im2col and 1x1) and the 1x1 input gradient,
+// through oneDNN's sgemm held to the calling thread (thin_sgemm, kernels/gemm_thin.hpp) for f32:
+// one thread each, interleaved, it took 0.65-0.85x OpenBLAS's CPU time for the CNN demo's conv1
+// (K = 25) and the ResNet 1x1 shapes, and was level or better at K = 288 and 1152
+// (docs/notes19/wino.md). The weight gradients (beta = 1, long K) measured level and stay with
+// OpenBLAS. FLOWLET_CONV_ONEDNN=0 (read per call) or a build without oneDNN keeps OpenBLAS.
+template <class T>
+void product_gemm(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+                  T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (conv_onednn_enabled() && thin_sgemm(trans_a, false, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc)) return;
+  }
+  gemm(trans_a, false, m, n, k, a, lda, b, ldb, T(0), c, ldc);
+}
+
 // How many chunks `items` work items of `work_per_item` multiply-adds split into.
 int64_t chunks_for(int64_t items, double work_per_item) {
   const double work = static_cast<double>(items) * work_per_item;
@@ -136,6 +153,11 @@ void for_item_ranges(int64_t items, int64_t chunks, Body&& body) {
 }
 
 }  // namespace
+
+bool conv_onednn_enabled() {
+  const char* value = std::getenv("FLOWLET_CONV_ONEDNN");
+  return value == nullptr || std::string_view(value) != "0";
+}
 
 // Output rows per column block: the column matrix of one block stays within kColumnBytes, at
 // least one row.
@@ -166,12 +188,12 @@ void conv2d_forward_cpu(const ConvGeometry& g, const T* x, const T* w, const T* 
       if (k == 0) {
         std::fill(ys, ys + og * positions, T(0));
       } else if (pointwise) {
-        gemm(false, false, og, positions, k, w + group * og * k, k, xs, positions, T(0), ys, positions);
+        product_gemm(false, og, positions, k, w + group * og * k, k, xs, positions, ys, positions);
       } else {
         for (int64_t oy0 = 0; oy0 < g.oh; oy0 += block) {
           const int64_t oy1 = std::min(oy0 + block, g.oh), span = (oy1 - oy0) * g.ow;
           im2col(g, cg, oy0, oy1, xs, col.data());
-          gemm(false, false, og, span, k, w + group * og * k, k, col.data(), span, T(0), ys + oy0 * g.ow, positions);
+          product_gemm(false, og, span, k, w + group * og * k, k, col.data(), span, ys + oy0 * g.ow, positions);
         }
       }
       for (int64_t oc = 0; oc < og; ++oc) {
@@ -211,7 +233,7 @@ void conv2d_backward_input_cpu(const ConvGeometry& g, const T* dy, const T* w, T
       }
       // dcol [k, positions] = w_g^T [k, og] @ dy_g [og, positions], a block of output rows at a time
       if (pointwise) {
-        gemm(true, false, k, positions, og, w + group * og * k, k, dys, positions, T(0), dxs, positions);
+        product_gemm(true, k, positions, og, w + group * og * k, k, dys, positions, dxs, positions);
         continue;
       }
       std::fill(dxs, dxs + cg * g.h * g.w, T(0));

@@ -6,7 +6,9 @@
 // 1 MiB); OpenBLAS runs on one thread per call
 // (src/kernels/blas_threads.hpp), so the thread budget holds. f32 calls (forward and both gradients)
 // with a 3x3 or 5x5 kernel, stride 1 and enough channels go to the Winograd kernels instead
-// (src/kernels/conv_winograd.hpp; FLOWLET_CONV_WINOGRAD=0 keeps them here).
+// (src/kernels/conv_winograd.hpp; FLOWLET_CONV_WINOGRAD=0 keeps them here). The f32 forward
+// products (and 1x1 input gradients) run on oneDNN's sgemm, held to the calling thread like
+// OpenBLAS (src/kernels/gemm_thin.hpp; FLOWLET_CONV_ONEDNN=0 keeps OpenBLAS).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,11 @@ struct ConvGeometry {
   int64_t dilation_h = 1, dilation_w = 1;
   int64_t groups = 1;
 };
+
+// False when FLOWLET_CONV_ONEDNN=0 (read per call, so a benchmark can compare both engines in one
+// process): the convolution products that take oneDNN's sgemm (src/kernels/gemm_thin.hpp) keep
+// OpenBLAS.
+bool conv_onednn_enabled();
 
 // y = conv(x, w) (+ bias[o] when bias is non-null), then max(y, 0) when relu. y is overwritten.
 template <class T>
