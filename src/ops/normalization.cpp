@@ -101,11 +101,6 @@ inline void for_lanes(int64_t n, F&& f) {
   for (int j = 0; i < n; ++i, ++j) f(i, j);
 }
 
-// Channels per parallel chunk: enough values to pay for a thread.
-int64_t channel_grain(int64_t values_per_channel) {
-  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(values_per_channel, 1));
-}
-
 // ---------------------------------------------------------------------------------------------
 // batch_norm_training: x, gamma, beta -> y, mean, var (biased)
 
@@ -136,6 +131,9 @@ void bn_training_kernel(const OpCall& call, std::span<Tensor> out) {
     T* y = static_cast<T*>(out[0].raw_data());
     T* mean_out = static_cast<T*>(out[1].raw_data());
     T* var_out = static_cast<T*>(out[2].raw_data());
+    if constexpr (std::is_same_v<T, float>) {
+      if (v.s >= kMinF32Row) return bn_training_f32(xs, g, b, v, eps, y, mean_out, var_out);
+    }
     const double count = static_cast<double>(v.count());
     parallel_for(v.c, channel_grain(v.count()), [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
@@ -208,6 +206,9 @@ void bn_backward_kernel(const OpCall& call, std::span<Tensor> out) {
     T* dx = static_cast<T*>(out[0].raw_data());
     T* dgamma = static_cast<T*>(out[1].raw_data());
     T* dbeta = static_cast<T*>(out[2].raw_data());
+    if constexpr (std::is_same_v<T, float>) {
+      if (v.s >= kMinF32Row) return bn_backward_f32(xs, g, m, vr, dys, v, eps, dx, dgamma, dbeta);
+    }
     const double count = static_cast<double>(v.count());
     parallel_for(v.c, channel_grain(v.count()), [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
@@ -311,6 +312,7 @@ void ln_kernel(const OpCall& call, std::span<Tensor> out) {
     T* mean_out = static_cast<T*>(out[1].raw_data());
     T* rstd_out = static_cast<T*>(out[2].raw_data());
     const int64_t d = view.d;
+    if constexpr (std::is_same_v<T, float>) return ln_forward_f32(xs, g, b, view.rows, d, attrs.eps, y, mean_out, rstd_out);
     parallel_for(view.rows, channel_grain(d), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* row = xs + r * d;
@@ -377,6 +379,7 @@ void ln_backward_kernel(const OpCall& call, std::span<Tensor> out) {
     T* dgamma = static_cast<T*>(out[1].raw_data());
     T* dbeta = static_cast<T*>(out[2].raw_data());
     const int64_t d = view.d, rows = view.rows;
+    if constexpr (std::is_same_v<T, float>) return ln_backward_f32(xs, g, m, rs, dys, rows, d, dx, dgamma, dbeta);
     // Row blocks, a count fixed by the shape (never by the thread count): each block writes dx for
     // its rows and accumulates its own partial dgamma and dbeta (in f64) in the same sweep; the
     // blocks' partial sums are then added in block order.
