@@ -21,20 +21,30 @@ constexpr int64_t kVectors = 4;                // independent f32 accumulators p
 constexpr int64_t kStep = 8 * kVectors;        // elements per step: one per lane
 constexpr int64_t kBlock = 8 * kStep;          // elements per f32 block: 8 per lane
 
-// Runs `step(i, k, sums)` for every vector of 8 elements at i (k: the accumulator, 0..3), Sums
-// f32 accumulators per block of kBlock elements, each block's accumulators widened into f64
-// `acc`; returns the index of the first element not covered (n rounded down to a multiple of 8).
+// Runs `step(i, k, sums)` for every vector of 8 elements at i (k: which of the kVectors
+// accumulators), with Sums f32 accumulators per block of at most kBlock elements, each block's
+// widened into the f64 pair acc[s]; returns the index of the first element not covered (n rounded
+// down to a multiple of 8). Blocks hold whole steps of kStep elements; the last few vectors (fewer
+// than kVectors) form one more block of their own, so the main loop has no partial step (with one,
+// GCC kept the accumulators in memory).
 template <int Sums, class Step>
 int64_t blocked_lanes(int64_t n, F64x4 (&acc)[Sums][2], Step step) {
   int64_t i = 0;
-  while (i + 8 <= n) {
-    const int64_t block_end = std::min(n - n % 8, i + kBlock);
+  const int64_t whole_steps = n - n % kStep;
+  while (i < whole_steps) {
+    const int64_t block_end = std::min(whole_steps, i + kBlock);
     F32x8 sums[Sums][kVectors] = {};
-    for (; i + kStep <= block_end; i += kStep)
+    for (; i < block_end; i += kStep)
       for (int k = 0; k < kVectors; ++k) step(i + 8 * k, k, sums);
-    for (int k = 0; i < block_end; i += 8, ++k) step(i, k, sums);  // the last partial step: < 4 vectors
     for (int s = 0; s < Sums; ++s)
       for (int k = 0; k < kVectors; ++k) widen_add(acc[s], sums[s][k]);
+  }
+  if (i + 8 <= n) {
+    F32x8 sums[Sums][kVectors] = {};
+    int k = 0;
+    for (; i + 8 <= n; i += 8, ++k) step(i, k, sums);
+    for (int s = 0; s < Sums; ++s)
+      for (int j = 0; j < k; ++j) widen_add(acc[s], sums[s][j]);
   }
   return i;
 }
