@@ -459,6 +459,37 @@ TEST_CASE("normalization gradients: traced equal eager") {
   CHECK(test::values(gb) == test::values(eager[2]));
 }
 
+TEST_CASE("batch_norm_training gradients traced: the statistics terms are kept exactly when the statistics are used") {
+  // Traced, the rule cannot read a statistics gradient's values: it drops the terms only for the
+  // tape's own zeros (nothing used that output). Each loss below uses y only, the mean only, the
+  // variance only, or all three; traced and eager gradients must agree, and the mean-only and
+  // var-only ones must match their closed forms (dx = g_mean / M; dx = 2 (x - mean) / M).
+  const fl::Tensor x = test::random_tensor({4, 3, 2, 5}, 140, fl::f32);
+  const fl::Tensor gamma = test::random_tensor({3}, 141, fl::f32), beta = test::random_tensor({3}, 142, fl::f32);
+  const fl::Tensor u = test::random_tensor({4, 3, 2, 5}, 143, fl::f32);
+  for (int use = 0; use < 4; ++use) {
+    CAPTURE(use);
+    auto grads = [&](fl::Tensor xi) {
+      fl::GradientTape tape;
+      tape.watch(xi);
+      const fl::BatchNormOutput o = fl::batch_norm_training(xi, gamma, beta);
+      fl::Tensor loss = use == 1 ? fl::sum(o.mean) : use == 2 ? fl::sum(o.var) : fl::sum(o.y * u);
+      if (use == 3) loss = loss + fl::sum(o.mean) + fl::sum(o.var);
+      return tape.gradient(loss, {xi})[0];
+    };
+    const fl::Tensor eager = grads(x);
+    auto traced = fl::trace([&](fl::Tensor xi) { return grads(xi); });
+    CHECK(test::values(traced(x)) == test::values(eager));
+    if (use == 1 || use == 2) {
+      const std::vector<double> xv = test::values(x);
+      std::vector<double> mean(3, 0.0), want(xv.size());
+      for (size_t i = 0; i < xv.size(); ++i) mean[(i / 10) % 3] += xv[i] / 40;
+      for (size_t i = 0; i < xv.size(); ++i) want[i] = use == 1 ? 1.0 / 40 : 2 * (xv[i] - mean[(i / 10) % 3]) / 40;
+      test::check_tensor(eager, want, x.shape(), fl::f32, test::Tolerance{1e-5, 1e-7});
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // batch_norm() with running statistics
 
