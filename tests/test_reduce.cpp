@@ -372,6 +372,31 @@ TEST_CASE("reductions over non-adjacent axes and views read in place and match t
   check_tensor(fl::max(with_nan, {0, 2}), {1, 1, kNaN}, fl::Shape{3}, fl::f32);
 }
 
+TEST_CASE("f32 column sums match the reference at every row and column count around the vector widths") {
+  // Columns go 32 and 8 at a time, then one at a time; rows 8 at a time (a tree), then one at a
+  // time. Each column's value must not depend on its position among the columns summed together
+  // (vector lane or scalar tail): the same columns shifted by one place give the same bits.
+  uint64_t seed = 9000;
+  for (int64_t rows : {1, 7, 8, 9, 17, 64, 100}) {
+    for (int64_t cols : {1, 7, 8, 9, 31, 32, 33, 41, 100}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      const fl::Tensor x = test::random_tensor(fl::Shape{rows, cols}, seed++, fl::f32);
+      const Host want = test::sum_ref(test::host(x), {0});
+      const fl::Tensor got = fl::sum(x, {0});
+      check_tensor(got, want.values, want.shape, fl::f32);
+      check_tensor(fl::sum(padded_rows_view(x), {0}), want.values, want.shape, fl::f32);
+      // The columns from 1 on (a view: rows cols apart), so every column sits one place over.
+      if (cols == 1) continue;
+      const std::vector<float> all = got.to_vector<float>();
+      const std::vector<float> shifted = fl::sum(fl::slice(x, 1, 1, cols - 1), {0}).to_vector<float>();
+      for (int64_t j = 1; j < cols; ++j) {
+        CHECK(std::bit_cast<uint32_t>(shifted[static_cast<size_t>(j - 1)]) == std::bit_cast<uint32_t>(all[static_cast<size_t>(j)]));
+      }
+    }
+  }
+}
+
 TEST_CASE("strided f32 sums keep the 1e-7 accuracy") {
   // The pair pattern of the adversarial test, laid out as [N, C, L] and reduced over 0 and 2.
   const int64_t n = 64, c = 3, l = 2048;

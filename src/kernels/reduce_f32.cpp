@@ -75,6 +75,66 @@ double sum_f32_run(const float* x, int64_t n) {
   return total;
 }
 
+namespace {
+
+// Columns [0, 8 * Vectors) of the column sums: per group of 8 rows the tree of tree() down the
+// rows, widened and added in f64; leftover rows one at a time.
+template <int Vectors>
+void column_strip(const float* x, int64_t rows, int64_t stride, double* out) {
+  F64x4 acc[Vectors][2] = {};
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) {
+    const float* p = x + r * stride;
+    for (int k = 0; k < Vectors; ++k) {
+      F32x8 v0, v1, v2, v3, v4, v5, v6, v7;
+      load(v0, p + 8 * k);
+      load(v1, p + stride + 8 * k);
+      load(v2, p + 2 * stride + 8 * k);
+      load(v3, p + 3 * stride + 8 * k);
+      load(v4, p + 4 * stride + 8 * k);
+      load(v5, p + 5 * stride + 8 * k);
+      load(v6, p + 6 * stride + 8 * k);
+      load(v7, p + 7 * stride + 8 * k);
+      widen_add(acc[k], ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)));
+    }
+  }
+  for (; r < rows; ++r) {
+    for (int k = 0; k < Vectors; ++k) {
+      F32x8 v;
+      load(v, x + r * stride + 8 * k);
+      widen_add(acc[k], v);
+    }
+  }
+  for (int k = 0; k < Vectors; ++k) {
+    for (int lane = 0; lane < 4; ++lane) {
+      out[8 * k + lane] = acc[k][0][lane];
+      out[8 * k + 4 + lane] = acc[k][1][lane];
+    }
+  }
+}
+
+// One column, with the same arithmetic as a vector lane of column_strip.
+void column_scalar(const float* x, int64_t rows, int64_t stride, double* out) {
+  double acc = 0;
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) {
+    const float* p = x + r * stride;
+    acc += static_cast<double>(((p[0] + p[stride]) + (p[2 * stride] + p[3 * stride])) +
+                               ((p[4 * stride] + p[5 * stride]) + (p[6 * stride] + p[7 * stride])));
+  }
+  for (; r < rows; ++r) acc += static_cast<double>(x[r * stride]);
+  *out = acc;
+}
+
+}  // namespace
+
+void sum_f32_columns(const float* x, int64_t rows, int64_t stride, int64_t cols, double* out) {
+  int64_t j = 0;
+  for (; j + 32 <= cols; j += 32) column_strip<4>(x + j, rows, stride, out + j);
+  for (; j + 8 <= cols; j += 8) column_strip<1>(x + j, rows, stride, out + j);
+  for (; j < cols; ++j) column_scalar(x + j, rows, stride, out + j);
+}
+
 float max_f32_run(const float* x, int64_t n) {
   constexpr float kLowest = -std::numeric_limits<float>::infinity();
   F32x8 best[4] = {F32x8{} + kLowest, F32x8{} + kLowest, F32x8{} + kLowest, F32x8{} + kLowest};

@@ -25,6 +25,11 @@ namespace flowlet::detail {
 // Sum of x[0..n) as described above (n >= 0; 0 for an empty run).
 double sum_f32_run(const float* x, int64_t n);
 
+// Column sums: out[j] = sum over r in [0, rows) of x[r * stride + j], for j in [0, cols). Each
+// column adds its rows in groups of 8 as the same pairwise f32 tree (then f64), so the same bounds
+// hold, and a column's bits do not depend on which other columns are summed with it.
+void sum_f32_columns(const float* x, int64_t rows, int64_t stride, int64_t cols, double* out);
+
 // Max of x[0..n): NaN if any element is NaN, -inf for an empty run. Branch-free vector lanes (the
 // generic lane loop compiled to compare-and-branch per element: 3 ns per element on random data).
 float max_f32_run(const float* x, int64_t n);

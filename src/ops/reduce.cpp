@@ -159,6 +159,20 @@ typename P::Acc reduce_run(const T* x, int64_t n) {
   }
 }
 
+// acc[j] = reduce over r in [0, rows) of x[r * stride + j] (acc starts at P::init()): f32 sums
+// through sum_f32_columns (trees of 8 rows, f64 between them), everything else element by element.
+template <class P, class T>
+void reduce_columns(const T* x, int64_t rows, int64_t stride, int64_t cols, typename P::Acc* acc) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<P, SumPolicy<float>>) {
+    sum_f32_columns(x, rows, stride, cols, acc);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = x + r * stride;
+      for (int64_t j = 0; j < cols; ++j) acc[j] = P::step(acc[j], row[j]);
+    }
+  }
+}
+
 // Reduces one contiguous row: fixed chunks, partials combined in order (deterministic).
 template <class P, class T>
 typename P::Acc reduce_row(const T* x, int64_t n, bool parallel) {
@@ -213,10 +227,7 @@ void reduce_blocked(const Blocked& b, Out* out) {
                    const int64_t j0 = start % inner;
                    const int64_t j1 = std::min(inner, j0 + (end - start));
                    acc.assign(static_cast<size_t>(j1 - j0), P::init());
-                   for (int64_t r = 0; r < reduced; ++r) {
-                     const T* row = x + (o * reduced + r) * inner;
-                     for (int64_t j = j0; j < j1; ++j) acc[j - j0] = P::step(acc[j - j0], row[j]);
-                   }
+                   reduce_columns<P>(x + o * reduced * inner + j0, reduced, inner, j1 - j0, acc.data());
                    for (int64_t j = j0; j < j1; ++j) out[o * inner + j] = convert<Out>(acc[j - j0]);
                    start += j1 - j0;
                  }
@@ -263,6 +274,10 @@ void reduce_strided(const StridedReduction& plan, const T* x, Out* out) {
     }
     return;
   }
+  // Reduced rows a fixed step apart (always so for one reduced dimension after merging).
+  const int64_t step = runs > 1 ? plan.reduced_offsets[1] - plan.reduced_offsets[0] : 0;
+  bool uniform = plan.reduced_offsets[0] == 0;
+  for (int64_t r = 0; uniform && r < runs; ++r) uniform = plan.reduced_offsets[static_cast<size_t>(r)] == r * step;
   parallel_for(outputs * run, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(runs, 1)), [&](int64_t begin, int64_t end) {
     std::vector<Acc> acc;
     for (int64_t start = begin; start < end;) {
@@ -271,9 +286,13 @@ void reduce_strided(const StridedReduction& plan, const T* x, Out* out) {
       const int64_t j1 = std::min(run, j0 + (end - start));
       acc.assign(static_cast<size_t>(j1 - j0), P::init());
       const T* base = x + plan.out_offsets[static_cast<size_t>(o)];
-      for (int64_t r = 0; r < runs; ++r) {
-        const T* row = base + plan.reduced_offsets[static_cast<size_t>(r)];
-        for (int64_t j = j0; j < j1; ++j) acc[j - j0] = P::step(acc[j - j0], row[j]);
+      if (uniform) {  // one reduced dimension: rows a stride apart, as in the contiguous case
+        reduce_columns<P>(base + j0, runs, step, j1 - j0, acc.data());
+      } else {
+        for (int64_t r = 0; r < runs; ++r) {
+          const T* row = base + plan.reduced_offsets[static_cast<size_t>(r)];
+          for (int64_t j = j0; j < j1; ++j) acc[j - j0] = P::step(acc[j - j0], row[j]);
+        }
       }
       for (int64_t j = j0; j < j1; ++j) out[o * run + j] = convert<Out>(acc[j - j0]);
       start += j1 - j0;
