@@ -5,11 +5,17 @@
 // (eagerly and inside a traced step), and dropout: its exact mask against an independent Philox,
 // the share of zeros, the scale, the gradient's mask, manual_seed reproducibility eagerly and
 // traced, a new mask per traced call, per-device states, threads, and errors.
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -387,6 +393,65 @@ TEST_CASE("f32 layer norm forward and backward stay within the stated bounds of 
         check_within(gdx, want_dx, bound_dx, "dx");
       }
     }
+  }
+}
+
+namespace {
+// Bits of the f32 normalization kernels' outputs (batch norm and layer norm, forward and backward).
+std::string normalization_bits() {
+  std::string bits;
+  auto add = [&](const fl::Tensor& t) {
+    for (float v : t.to_vector<float>()) bits += fmt::format("{:08x} ", std::bit_cast<uint32_t>(v));
+  };
+  // Big enough that every pass splits over threads (more rows than one chunk takes).
+  const fl::Tensor x = f32_data({128, 6, 9, 11}, 400, 3.0, 2.0, true), dy = f32_data({128, 6, 9, 11}, 401, 0.0, 1.0, false);
+  const fl::Tensor g = f32_data({6}, 402, 1.0, 0.5, false), b = f32_data({6}, 403, 0.0, 1.0, false);
+  const fl::BatchNormOutput o = fl::batch_norm_training(x, g, b);
+  add(o.y);
+  add(o.mean);
+  add(o.var);
+  for (const fl::Tensor& t : fl::dispatch_all(*fl::find_op("batch_norm_backward"),
+                                              std::vector<fl::Tensor>{x, g, o.mean, o.var, dy}, &kNormAttrs)) {
+    add(t);
+  }
+  const fl::Tensor lx = fl::reshape(x, fl::Shape{768, 99}), ldy = fl::reshape(dy, fl::Shape{768, 99});
+  const fl::Tensor lg = f32_data({99}, 404, 1.0, 0.5, false), lb = f32_data({99}, 405, 0.0, 1.0, false);
+  const std::vector<fl::Tensor> f = fl::dispatch_all(*fl::find_op("layer_norm"), std::vector<fl::Tensor>{lx, lg, lb}, &kNormAttrs);
+  for (const fl::Tensor& t : f) add(t);
+  for (const fl::Tensor& t : fl::dispatch_all(*fl::find_op("layer_norm_backward"),
+                                              std::vector<fl::Tensor>{lx, lg, f[1], f[2], ldy}, &kNormAttrs)) {
+    add(t);
+  }
+  return bits;
+}
+}  // namespace
+
+TEST_CASE("f32 normalization results are bit-identical whatever the thread count") {
+  // As test_reduce's: each thread count in its own child process (the pool reads
+  // FLOWLET_NUM_THREADS once per process).
+  if (std::getenv("FLOWLET_TEST_NORM_BITS") != nullptr) {
+    std::printf("BITS %s\n", normalization_bits().c_str());
+    return;
+  }
+  const std::string here = normalization_bits();
+  char self[4096] = {};
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
+  REQUIRE(length > 0);
+  for (int threads : {1, 2, 3, 5}) {
+    CAPTURE(threads);
+    const std::string command = fmt::format(
+        "FLOWLET_TEST_NORM_BITS=1 FLOWLET_NUM_THREADS={} FLOWLET_INTRA_OP_THREADS={} '{}' "
+        "--test-case='f32 normalization results are bit-identical*' 2>&1",
+        threads, threads, self);
+    FILE* child = popen(command.c_str(), "r");
+    REQUIRE(child != nullptr);
+    std::string output;
+    char buffer[4096];
+    while (std::fgets(buffer, sizeof buffer, child) != nullptr) output += buffer;
+    CHECK(pclose(child) == 0);
+    const size_t at = output.find("BITS ");
+    REQUIRE(at != std::string::npos);
+    CHECK(output.substr(at + 5, output.find('\n', at) - at - 5) == here);
   }
 }
 
