@@ -2,12 +2,14 @@
 // batch_norm_inference, layer_norm and layer_norm_backward; their shape rules, CPU kernels, Op
 // values and the public functions of flowlet/ops/normalization.hpp.
 //
-// Batch norm sees x as [N, C, S] (S: the product of the axes after 1) and works per channel, in
-// parallel over channels; layer norm sees x as [rows, D] (D: the product of the last
-// normalized_dims axes) and works per row. Statistics accumulate in f64: batch norm in one pass
-// over x shifted by one of its values, layer norm (rows that stay in cache) in two (mean, then the
-// squared deviations), so a large mean does not cancel the variance; f16/bf16 are read as float.
-// layer_norm's mean and rstd outputs have x's leading (unnormalized) axes.
+// Batch norm sees x as [N, C, S] (S: the product of the axes after 1); layer norm sees x as
+// [rows, D] (D: the product of the last normalized_dims axes). f32 inputs (batch norm's with
+// S >= kMinF32Row) go to the f32 kernels of normalization_f32.cpp: blocked f32 lanes, f64 between
+// blocks, stated and tested bounds. The generic kernels here (f64, f16/bf16 read as float, and
+// batch norm's short rows) work per channel, in parallel over channels, or per row, and accumulate
+// every element in f64: batch norm in one pass over x shifted by one of its values, layer norm
+// (rows that stay in cache) in two (mean, then the squared deviations), so a large mean does not
+// cancel the variance. layer_norm's mean and rstd outputs have x's leading (unnormalized) axes.
 //
 // The gradient rules are in normalization_grads.cpp.
 #include "flowlet/ops/normalization.hpp"
