@@ -18,7 +18,9 @@
 // [128, 32, 28, 28], layer norm [4096, 1024]; docs/notes19/reduce.md).
 //
 // The lane structure and the order of every addition are fixed by n alone (never by the thread
-// count or the instruction set), so the same run always gives the same bits.
+// count), so the same run always gives the same bits in one build. Across instruction sets they
+// can differ in the last bits where the compiler fuses a multiply and an add (FMA with
+// -march=native; the sums of reduce_f32.hpp have no products and match bit for bit).
 #pragma once
 
 #include <cstdint>

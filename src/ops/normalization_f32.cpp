@@ -7,9 +7,11 @@
 // evenly over threads): each row's mean and M2 around its own mean come from the row while it is
 // in L1; rows are then combined per channel in f64 in n order (Chan et al.'s pairwise update), the
 // same arithmetic whichever thread computed a row; a second pass in memory order writes y (or dx).
-// Layer norm works per row. Elementwise passes subtract the f32 mean
-// first (x - m is exact for x near m) instead of folding it into an offset, so a large mean does
-// not cancel digits: y = (x - m) * scale + shift', dx = a dy + bx (x - m) + k'.
+// Layer norm works per row. Elementwise passes subtract the f32 mean first (x - m is exact for x
+// near m) instead of folding it into an offset, so a large mean does not cancel digits:
+// y = (x - m) * scale + shift', dx = a dy + bx (x - m) + k'. Each pass writes an element only
+// after reading that element's inputs, so an output that shared an input's buffer would still
+// come out right.
 #include <algorithm>
 #include <cmath>
 #include <vector>
