@@ -314,6 +314,17 @@ TEST_CASE("f32 batch norm forward and backward stay within the stated bounds of 
         check_within(gm, want_m, bound_m, "mean");
         check_within(gvar, want_v, bound_v, "var");
         check_within(gy, want_y, bound_y, "y");
+        // Inference with the batch's own statistics (as f32 values): the same y within its bound
+        // plus what rounding the statistics to f32 moves it.
+        const std::vector<double> gi = test::values(fl::batch_norm_inference(x, gamma, beta, got.mean, got.var));
+        std::vector<double> bound_i(bound_y);
+        for (size_t at = 0; at < bound_i.size(); ++at) {
+          const auto k = static_cast<size_t>((static_cast<int64_t>(at) / s) % c);
+          const double scale = gv[k] / std::sqrt(want_v[k] + 1e-5);
+          bound_i[at] += scale * (std::abs(gm[k] - want_m[k]) + std::abs(xv[at] - want_m[k]) * std::abs(gvar[k] - want_v[k]) /
+                                                                     (want_v[k] + 1e-5));
+        }
+        check_within(gi, want_y, bound_i, "inference y");
         check_within(gdb, want_db, bound_db, "dbeta");
         check_within(gdg, want_dg, bound_dg, "dgamma");
         check_within(gdx, want_dx, bound_dx, "dx");

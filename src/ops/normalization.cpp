@@ -264,15 +264,20 @@ void bn_inference_kernel(const OpCall& call, std::span<Tensor> out) {
   const ChannelView v = channel_view(x.shape());
   visit_dtype<kFloating>(x.dtype(), [&]<class T>(TypeTag<T>) {
     using C = compute_t<T>;
-    std::vector<C> scale(static_cast<size_t>(v.c)), shift(static_cast<size_t>(v.c));
+    // y = (x - center) * scale + shift with center the mean rounded to C and shift = beta -
+    // (mean - center) * scale: subtracting first keeps a large mean from cancelling digits, as
+    // x * scale + (beta - mean * scale) would.
+    std::vector<C> center(static_cast<size_t>(v.c)), scale(static_cast<size_t>(v.c)), shift(static_cast<size_t>(v.c));
     const T* g = static_cast<const T*>(gamma.raw_data());
     const T* b = static_cast<const T*>(beta.raw_data());
     const T* m = static_cast<const T*>(mean.raw_data());
     const T* vr = static_cast<const T*>(var.raw_data());
     for (int64_t c = 0; c < v.c; ++c) {
+      const auto k = static_cast<size_t>(c);
       const double sc = load(g, c) / std::sqrt(load(vr, c) + eps);
-      scale[static_cast<size_t>(c)] = static_cast<C>(sc);
-      shift[static_cast<size_t>(c)] = static_cast<C>(load(b, c) - load(m, c) * sc);
+      center[k] = static_cast<C>(load(m, c));
+      scale[k] = static_cast<C>(sc);
+      shift[k] = static_cast<C>(load(b, c) - (load(m, c) - static_cast<double>(center[k])) * sc);
     }
     const T* xs = static_cast<const T*>(x.raw_data());
     T* y = static_cast<T*>(out[0].raw_data());
@@ -280,8 +285,10 @@ void bn_inference_kernel(const OpCall& call, std::span<Tensor> out) {
     parallel_for(v.n * v.c, channel_grain(v.s), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const auto c = static_cast<size_t>(r % v.c);
-        const C sc = scale[c], sh = shift[c];
-        for (int64_t s = 0; s < v.s; ++s) y[r * v.s + s] = convert<T>(static_cast<C>(convert<C>(xs[r * v.s + s]) * sc + sh));
+        const C ct = center[c], sc = scale[c], sh = shift[c];
+        for (int64_t s = 0; s < v.s; ++s) {
+          y[r * v.s + s] = convert<T>(static_cast<C>((convert<C>(xs[r * v.s + s]) - ct) * sc + sh));
+        }
       }
     });
   });
