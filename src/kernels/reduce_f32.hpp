@@ -7,8 +7,8 @@
 // per pair, then f64), cost 1.5-3x the instructions of a plain f32 loop and ran 20-30% slower on
 // one thread (11.7 against 14.9 GB/s, Zen 3). Here each lane adds 8 elements (one from each of 8
 // consecutive vectors) as a pairwise tree in f32, ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)),
-// and only the tree's result is widened and accumulated in f64: 1.1x a plain f32 loop's
-// instructions (14.0 GB/s). Accuracy: each element passes through 3 f32 roundings, so for inputs
+// and only the tree's result is widened and accumulated in f64: a third of the old kernel's
+// instructions as compiled, twice a plain f32 loop's, and 14.0 GB/s against its 14.3. Accuracy: each element passes through 3 f32 roundings, so for inputs
 // of one sign the relative error is at most 3 * 2^-24 (1.8e-7) plus the f64 accumulation's (about
 // n * 2^-53), against up to n * 2^-24 for a plain f32 loop; typical data loses far less (16M x 0.1f
 // sums exactly: a tree of equal values only doubles them; the adversarial runs of

@@ -4,10 +4,11 @@
 //
 // Why the widening is written with AVX intrinsics where the build has AVX: GCC 12 lowers
 // __builtin_convertvector(float x4 -> double x4) into two 128-bit conversions of two lanes each
-// plus shuffles and inserts (11 instructions per 8 floats instead of 3), and the extra
-// instructions per byte cut how far ahead the core's out-of-order window reads memory: a full sum
-// measured 11.7 against 14.0 GB/s on one thread for the same arithmetic (/tmp micro-benchmark,
-// Zen 3). Without AVX the generic form stays; the arithmetic, and so every bit, is the same.
+// plus shuffles and inserts (11 instructions per 8 floats instead of 3). What made last round's
+// sum slow was widening every pair that way (11.7 GB/s on one thread, /tmp micro-benchmark, Zen 3;
+// the same pairs with intrinsics: 11.8); the tree of reduce_f32.cpp widens 8 times less often and
+// measured 14.0. The intrinsics keep the instruction count down wherever lanes are widened.
+// Without AVX the generic form stays; the arithmetic, and so every bit, is the same.
 #pragma once
 
 #include <cstdint>

@@ -2,16 +2,17 @@
 //
 // A contiguous input whose reduced axes form one block of adjacent dimensions is seen as [outer,
 // reduced, inner] in place. Other layouts (axes 0, 2, 3 of NCHW as batch norm reduces, views) are
-// read in place through offsets when their innermost dimension is contiguous (ops/reduce_strided.hpp:
-// runs of the innermost reduced axis, or rows of the innermost kept one); only the rest (an
-// innermost stride other than 1, runs shorter than 8 elements) is copied into that block first. Floating sums accumulate
-// in f64 over fixed chunks whose partial sums are added in order, so the result is accurate and
-// bit-identical whatever the thread count. Within a chunk, f32 rows go through sum_f32_run (pairs
-// added in f32, then f64 lanes: relative error <= 2^-24 for inputs of one sign, at memory speed);
-// other floating types accumulate every element in f64 over 16 lanes. f32 row maxima go through
-// max_f32_run (branch-free vector lanes). f16/bf16 are read as float (sums still
-// accumulate in f64, max compares in float) and the result is rounded once to the input dtype, as
-// PyTorch does; the f32/f64 loops are the same instantiations as before.
+// read in place through offsets when their innermost dimension is contiguous
+// (ops/reduce_strided.hpp: runs of the innermost reduced axis, or rows of the innermost kept one);
+// only the rest (an innermost stride other than 1, runs shorter than 8 elements) is copied into
+// that block first. Floating sums accumulate in f64 over fixed chunks whose partial sums are added
+// in order, so the result is accurate and bit-identical whatever the thread count. Within a chunk,
+// f32 rows go through sum_f32_run and f32 columns through sum_f32_columns (pairwise f32 trees of 8
+// elements, then f64: relative error <= 3 * 2^-24 for inputs of one sign, at memory speed); other
+// floating types accumulate every element in f64 over 16 lanes. f32 row maxima go through
+// max_f32_run (branch-free vector lanes). f16/bf16 are read as float (sums still accumulate in
+// f64, max compares in float) and the result is rounded once to the input dtype, as PyTorch does.
+
 #include "flowlet/ops/reduce.hpp"
 
 #include <algorithm>
