@@ -30,6 +30,9 @@ inline void load(F32x8& v, const float* p) {
   std::memcpy(&v, p, sizeof v);  // unaligned load
 }
 
+inline void load(F64x4& v, const double* p) { std::memcpy(&v, p, sizeof v); }
+inline void store(double* p, const F64x4& v) { std::memcpy(p, &v, sizeof v); }
+
 // acc[0] += lanes 0..3 of v, acc[1] += lanes 4..7, widened to f64.
 inline void widen_add(F64x4* acc, const F32x8& v) {
 #if defined(__AVX__)
