@@ -18,7 +18,7 @@ using lanes::load;
 using lanes::store;
 using lanes::widen_add;
 
-constexpr int64_t kTree = 64;  // elements per f32 tree: 8 vectors of 8 lanes
+constexpr int64_t kTree = 64;  // elements per 8-vector f32 tree: 8 vectors of 8 lanes
 
 // The pairwise f32 sum of the 8 vectors at p: ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)).
 // Named vectors, not an array: GCC turned eight loads into an array into a 256-byte stack copy.
@@ -50,20 +50,29 @@ double sum_f32_run(const float* x, int64_t n) {
     for (; i < n; ++i) total += static_cast<double>(x[i]);
     return total;
   }
-  // Two trees per step into 4 f64 accumulators (two pairs): independent add chains hide the
-  // latency. Named pairs, not one array, so that they stay in registers.
+  // Four trees per step, added in pairs (a tree of 16 per lane), into 4 f64 accumulators (two
+  // pairs): independent add chains hide the latency. Named pairs, not one array, so that they stay
+  // in registers.
   F64x4 first[2] = {}, second[2] = {};
   int64_t i = 0;
-  F32x8 t, u;
-  for (; i + 2 * kTree <= n; i += 2 * kTree) {
+  F32x8 t, u, v, w;
+  for (; i + 4 * kTree <= n; i += 4 * kTree) {
     tree(t, x + i);
     tree(u, x + i + kTree);
-    widen_add(first, t);
-    widen_add(second, u);
+    tree(v, x + i + 2 * kTree);
+    tree(w, x + i + 3 * kTree);
+    widen_add(first, t + u);
+    widen_add(second, v + w);
+  }
+  if (i + 2 * kTree <= n) {
+    tree(t, x + i);
+    tree(u, x + i + kTree);
+    widen_add(first, t + u);
+    i += 2 * kTree;
   }
   if (i + kTree <= n) {
     tree(t, x + i);
-    widen_add(first, t);
+    widen_add(second, t);
     i += kTree;
   }
   // Whole vectors of the tail still go through the f64 lanes, unpaired.

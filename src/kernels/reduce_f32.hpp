@@ -1,21 +1,24 @@
 // f32 row kernels for the reductions (src/ops/reduce.cpp): the sum and the max of a contiguous run.
 //
-// Sum: pairwise f32 trees inside blocks of 64 elements, f64 between blocks.
+// Sum: pairwise f32 trees inside blocks of 128 elements, f64 between blocks.
 // Why this shape: the sum is memory-bound, yet how many instructions the core spends per byte
 // decides how far ahead its out-of-order window reads memory, and so the bandwidth one thread gets.
 // Every element widened to f64 (the first loop), or every pair (last round's kernel: an f32 add
-// per pair, then f64), cost 1.5-3x the instructions of a plain f32 loop and ran 20-30% slower on
-// one thread (11.7 against 14.9 GB/s, Zen 3). Here each lane adds 8 elements (one from each of 8
-// consecutive vectors) as a pairwise tree in f32, ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)),
-// and only the tree's result is widened and accumulated in f64: a third of the old kernel's
-// instructions as compiled, twice a plain f32 loop's, and 14.0 GB/s against its 14.3. Accuracy: each element passes through 3 f32 roundings, so for inputs
-// of one sign the relative error is at most 3 * 2^-24 (1.8e-7) plus the f64 accumulation's (about
-// n * 2^-53), against up to n * 2^-24 for a plain f32 loop; typical data loses far less (16M x 0.1f
-// sums exactly: a tree of equal values only doubles them; the adversarial runs of
-// tests/test_reduce.cpp lose 5.9e-8), and everything after the tree is f64.
+// per pair, then f64, ~50 instructions per 64 floats as GCC 12 compiled it), ran 20-30% slower
+// than a plain f32 loop on one thread (11.7 against 14.9 GB/s, Zen 3). Here each lane adds 16
+// elements (one from each of 16 consecutive vectors) as a pairwise tree in f32: two trees of 8,
+// ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)), added together; only that is widened and
+// accumulated in f64. Through the op on one thread (16M f32, same process, interleaved): 16.9 GB/s
+// against 14.2 for trees of 8 and 11.7 for pairs; two threads 24.4 against 20.5. Accuracy: each
+// element passes through at most 4 f32 roundings, so for inputs of one sign the relative error
+// is at most 4 * 2^-24 (2.4e-7) plus the f64 accumulation's (about n * 2^-53), against up to
+// n * 2^-24 for a plain f32 loop; typical data loses far less (16M x 0.1f sums exactly: a tree of
+// equal values only doubles them; the adversarial runs of tests/test_reduce.cpp lose 5.9e-8),
+// and everything after the tree is f64. Column sums use trees of 8 rows (3 roundings).
 //
-// The lane structure (8-vector trees, 4 f64 accumulators, fixed combination order) does not depend
-// on the instruction set or the thread count, so the same run of floats always gives the same bits.
+// The lane structure (trees of 16 and 8 vectors, 4 f64 accumulators, fixed combination order)
+// does not depend on the instruction set or the thread count, so the same run of floats always
+// gives the same bits.
 #pragma once
 
 #include <cstdint>

@@ -7,8 +7,8 @@
 // only the rest (an innermost stride other than 1, runs shorter than 8 elements) is copied into
 // that block first. Floating sums accumulate in f64 over fixed chunks whose partial sums are added
 // in order, so the result is accurate and bit-identical whatever the thread count. Within a chunk,
-// f32 rows go through sum_f32_run and f32 columns through sum_f32_columns (pairwise f32 trees of 8
-// elements, then f64: relative error <= 3 * 2^-24 for inputs of one sign, at memory speed); other
+// f32 rows go through sum_f32_run and f32 columns through sum_f32_columns (pairwise f32 trees of 16
+// or 8 elements, then f64: relative error <= 4 * 2^-24 for inputs of one sign, at memory speed); other
 // floating types accumulate every element in f64 over 16 lanes. f32 row maxima go through
 // max_f32_run (branch-free vector lanes). f16/bf16 are read as float (sums still accumulate in
 // f64, max compares in float) and the result is rounded once to the input dtype, as PyTorch does.
