@@ -6,8 +6,9 @@
 // __builtin_convertvector(float x4 -> double x4) into two 128-bit conversions of two lanes each
 // plus shuffles and inserts (11 instructions per 8 floats instead of 3). What made last round's
 // sum slow was widening every pair that way (11.7 GB/s on one thread, /tmp micro-benchmark, Zen 3;
-// the same pairs with intrinsics: 11.8); the tree of reduce_f32.cpp widens 8 times less often and
-// measured 14.0. The intrinsics keep the instruction count down wherever lanes are widened.
+// the same pairs with intrinsics: 11.8); the trees of reduce_f32.cpp widen 8 or 16 times less
+// often (14.0 and 16.9 GB/s). The intrinsics keep the instruction count down wherever lanes are
+// widened.
 // Without AVX the generic form stays; the arithmetic, and so every bit, is the same.
 #pragma once
 
