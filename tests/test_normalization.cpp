@@ -5,11 +5,17 @@
 // (eagerly and inside a traced step), and dropout: its exact mask against an independent Philox,
 // the share of zeros, the scale, the gradient's mask, manual_seed reproducibility eagerly and
 // traced, a new mask per traced call, per-device states, threads, and errors.
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -101,6 +107,14 @@ std::vector<double> numeric_gradient(const fl::Tensor& x, const std::function<do
 
 double scalar_value(const fl::Tensor& t) { return test::values(t).at(0); }
 
+// The attributes of the normalization ops (src/ops/conv_attrs.hpp NormAttrs: eps, normalized_dims),
+// for calling the forward and backward ops directly.
+struct NormAttrs {
+  double eps = 1e-5;
+  int64_t normalized_dims = 1;
+};
+const NormAttrs kNormAttrs;
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -180,6 +194,279 @@ TEST_CASE("layer_norm: a hand-worked case and an f64 reference loop") {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The f32 kernels (src/ops/normalization_f32.cpp, kernels/norm_f32.hpp): f32 lanes inside blocks,
+// f64 between them. Their stated bounds: sums within 10 * 2^-24 (6e-7) of the magnitudes of their
+// centered terms, so the mean within about 6e-7 * the mean deviation, the variance within about
+// 6e-7 of itself, whatever the mean; every elementwise pass a few f32 roundings. Checked against
+// f64 loops over the same f32 values, for data centered at 0, at 1e4 (where a single f32 pass of
+// E[x^2] - E[x]^2 keeps no digit) and with outliers, over row lengths with vector tails.
+
+namespace {
+
+// f32 data: N(0, 1) * spread + mean, with `outliers` (value 300 * spread + mean) at fixed places.
+fl::Tensor f32_data(const fl::Shape& shape, uint64_t seed, double mean, double spread, bool outliers) {
+  std::vector<double> v = test::random_values(shape.numel(), seed, fl::f64);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const bool outlier = outliers && (i % 97 == 0 || i % 1000 == 999);
+    v[i] = static_cast<double>(static_cast<float>(mean + spread * (outlier ? 300.0 : v[i])));
+  }
+  return test::make(v, shape, fl::f32);
+}
+
+struct Moments {
+  double mean = 0, var = 0, mean_abs_dev = 0;
+};
+Moments moments_of(const std::vector<double>& vals) {
+  Moments m;
+  for (double v : vals) m.mean += v;
+  m.mean /= static_cast<double>(vals.size());
+  for (double v : vals) {
+    m.var += (v - m.mean) * (v - m.mean);
+    m.mean_abs_dev += std::abs(v - m.mean);
+  }
+  m.var /= static_cast<double>(vals.size());
+  m.mean_abs_dev /= static_cast<double>(vals.size());
+  return m;
+}
+
+// |got - want| <= bound for every element, reporting the worst ratio.
+void check_within(const std::vector<double>& got, const std::vector<double>& want, const std::vector<double>& bound,
+                  const char* what) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double ratio = std::abs(got[i] - want[i]) / bound[i];
+    if (!(ratio <= worst)) {
+      worst = ratio;
+      at = i;
+    }
+  }
+  INFO(what << ": worst error / bound " << worst << " at " << at << " (got " << got[at] << ", want " << want[at] << ")");
+  CHECK(worst <= 1.0);
+}
+
+constexpr double kF32 = 0x1p-24;  // unit roundoff of f32
+
+}  // namespace
+
+TEST_CASE("f32 batch norm forward and backward stay within the stated bounds of f64 loops") {
+  for (const fl::Shape& shape : {fl::Shape{3, 4, 7, 9}, fl::Shape{2, 3, 33}, fl::Shape{4, 2, 16, 16}, fl::Shape{5, 2, 1000},
+                                 fl::Shape{2, 3, 40}}) {
+    for (const double mean : {0.0, 1e4}) {
+      for (const bool outliers : {false, true}) {
+        CAPTURE(test::shape_text(shape));
+        CAPTURE(mean);
+        CAPTURE(outliers);
+        const int64_t n = shape[0], c = shape[1], s = shape.numel() / (n * c);
+        const fl::Tensor x = f32_data(shape, 200, mean, 1.0, outliers), dy = f32_data(shape, 201, 0.0, 1.0, false);
+        const fl::Tensor gamma = f32_data({c}, 202, 1.0, 0.5, false), beta = f32_data({c}, 203, 0.0, 1.0, false);
+        const std::vector<double> xv = test::values(x), dv = test::values(dy), gv = test::values(gamma),
+                                  bv = test::values(beta);
+        const fl::BatchNormOutput got = fl::batch_norm_training(x, gamma, beta);
+        const std::vector<double> gy = test::values(got.y), gm = test::values(got.mean), gvar = test::values(got.var);
+        // The backward op at the statistics the forward returned.
+        const std::vector<fl::Tensor> back = fl::dispatch_all(*fl::find_op("batch_norm_backward"),
+                                                              std::vector<fl::Tensor>{x, gamma, got.mean, got.var, dy}, &kNormAttrs);
+        const std::vector<double> gdx = test::values(back[0]), gdg = test::values(back[1]), gdb = test::values(back[2]);
+        std::vector<double> want_y(xv.size()), bound_y(xv.size()), want_dx(xv.size()), bound_dx(xv.size());
+        std::vector<double> want_m, bound_m, want_v, bound_v, want_dg, bound_dg, want_db, bound_db;
+        for (int64_t ch = 0; ch < c; ++ch) {
+          std::vector<double> vals;
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < s; ++j) vals.push_back(xv[static_cast<size_t>((i * c + ch) * s + j)]);
+          const Moments m = moments_of(vals);
+          const auto k = static_cast<size_t>(ch);
+          want_m.push_back(m.mean);
+          bound_m.push_back(10 * kF32 * m.mean_abs_dev + kF32 * std::abs(m.mean));  // + the f32 output's rounding
+          want_v.push_back(m.var);
+          bound_v.push_back(12 * kF32 * m.var);
+          const double rstd = 1 / std::sqrt(m.var + 1e-5), scale = gv[k] * rstd;
+          // Backward at the returned statistics: xh = (x - mean) rstd.
+          const double mu = gm[k], r = 1 / std::sqrt(gvar[k] + 1e-5);
+          double sum_dy = 0, sum_dy_xh = 0, abs_dy = 0, abs_dy_xh = 0;
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < s; ++j) {
+              const auto at = static_cast<size_t>((i * c + ch) * s + j);
+              sum_dy += dv[at];
+              sum_dy_xh += dv[at] * (xv[at] - mu) * r;
+              abs_dy += std::abs(dv[at]);
+              abs_dy_xh += std::abs(dv[at] * (xv[at] - mu) * r);
+            }
+          want_db.push_back(sum_dy);
+          bound_db.push_back(10 * kF32 * abs_dy + kF32 * std::abs(sum_dy));
+          want_dg.push_back(sum_dy_xh);
+          bound_dg.push_back(12 * kF32 * abs_dy_xh + kF32 * std::abs(sum_dy_xh));
+          const double count = static_cast<double>(n * s), a = gv[k] * r;
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < s; ++j) {
+              const auto at = static_cast<size_t>((i * c + ch) * s + j);
+              want_y[at] = (xv[at] - m.mean) * scale + bv[k];
+              // A few roundings of each term, and the mean's error through the scale.
+              bound_y[at] = 8 * kF32 * (std::abs((xv[at] - m.mean) * scale) + std::abs(bv[k])) + scale * bound_m[k] + 1e-30;
+              const double xh = (xv[at] - mu) * r;
+              const double t1 = a * dv[at], t2 = a * xh * sum_dy_xh / count, t3 = a * sum_dy / count;
+              want_dx[at] = t1 - t2 - t3;
+              bound_dx[at] = 8 * kF32 * (std::abs(t1) + std::abs(t2) + std::abs(t3)) +
+                             std::abs(a) * (bound_dg[k] * std::abs(xh) + bound_db[k]) / count + 1e-30;
+            }
+        }
+        check_within(gm, want_m, bound_m, "mean");
+        check_within(gvar, want_v, bound_v, "var");
+        check_within(gy, want_y, bound_y, "y");
+        // Inference with the batch's own statistics (as f32 values): the same y within its bound
+        // plus what rounding the statistics to f32 moves it.
+        const std::vector<double> gi = test::values(fl::batch_norm_inference(x, gamma, beta, got.mean, got.var));
+        std::vector<double> bound_i(bound_y);
+        for (size_t at = 0; at < bound_i.size(); ++at) {
+          const auto k = static_cast<size_t>((static_cast<int64_t>(at) / s) % c);
+          const double scale = gv[k] / std::sqrt(want_v[k] + 1e-5);
+          bound_i[at] += scale * (std::abs(gm[k] - want_m[k]) + std::abs(xv[at] - want_m[k]) * std::abs(gvar[k] - want_v[k]) /
+                                                                     (want_v[k] + 1e-5));
+        }
+        check_within(gi, want_y, bound_i, "inference y");
+        check_within(gdb, want_db, bound_db, "dbeta");
+        check_within(gdg, want_dg, bound_dg, "dgamma");
+        check_within(gdx, want_dx, bound_dx, "dx");
+      }
+    }
+  }
+}
+
+TEST_CASE("f32 layer norm forward and backward stay within the stated bounds of f64 loops") {
+  for (const fl::Shape& shape : {fl::Shape{3, 1}, fl::Shape{5, 7}, fl::Shape{9, 33}, fl::Shape{4, 300}, fl::Shape{17, 1024},
+                                 fl::Shape{2, 3, 700}}) {
+    for (const double mean : {0.0, 1e4}) {
+      for (const bool outliers : {false, true}) {
+        CAPTURE(test::shape_text(shape));
+        CAPTURE(mean);
+        CAPTURE(outliers);
+        const int64_t d = shape[shape.size() - 1], rows = shape.numel() / d;
+        const fl::Tensor x = f32_data(shape, 300, mean, 1.0, outliers), dy = f32_data(shape, 301, 0.0, 1.0, false);
+        const fl::Tensor gamma = f32_data({d}, 302, 1.0, 0.5, false), beta = f32_data({d}, 303, 0.0, 1.0, false);
+        const std::vector<double> xv = test::values(x), dv = test::values(dy), gv = test::values(gamma),
+                                  bv = test::values(beta);
+        const std::vector<fl::Tensor> fwd = fl::dispatch_all(*fl::find_op("layer_norm"), std::vector<fl::Tensor>{x, gamma, beta},
+                                                             &kNormAttrs);
+        const std::vector<double> gy = test::values(fwd[0]), gm = test::values(fwd[1]), grs = test::values(fwd[2]);
+        const std::vector<fl::Tensor> back = fl::dispatch_all(*fl::find_op("layer_norm_backward"),
+                                                              std::vector<fl::Tensor>{x, gamma, fwd[1], fwd[2], dy}, &kNormAttrs);
+        const std::vector<double> gdx = test::values(back[0]), gdg = test::values(back[1]), gdb = test::values(back[2]);
+        std::vector<double> want_y(xv.size()), bound_y(xv.size()), want_dx(xv.size()), bound_dx(xv.size());
+        std::vector<double> want_m, bound_m, want_r, bound_r;
+        std::vector<double> want_dg(static_cast<size_t>(d)), bound_dg(static_cast<size_t>(d)), want_db(static_cast<size_t>(d)),
+            bound_db(static_cast<size_t>(d));
+        for (int64_t r = 0; r < rows; ++r) {
+          const std::vector<double> vals(xv.begin() + r * d, xv.begin() + (r + 1) * d);
+          const Moments m = moments_of(vals);
+          const double rstd = 1 / std::sqrt(m.var + 1e-5);
+          want_m.push_back(m.mean);
+          bound_m.push_back(10 * kF32 * m.mean_abs_dev + kF32 * std::abs(m.mean));
+          want_r.push_back(rstd);
+          bound_r.push_back(8 * kF32 * rstd);  // half the variance's bound, and the output's rounding
+          // Backward at the returned statistics.
+          const double mu = gm[static_cast<size_t>(r)], rs = grs[static_cast<size_t>(r)];
+          double sum_u = 0, sum_u_xh = 0, abs_u = 0, abs_u_xh = 0;
+          for (int64_t j = 0; j < d; ++j) {
+            const auto at = static_cast<size_t>(r * d + j);
+            const double u = dv[at] * gv[static_cast<size_t>(j)], xh = (xv[at] - mu) * rs;
+            sum_u += u;
+            sum_u_xh += u * xh;
+            abs_u += std::abs(u);
+            abs_u_xh += std::abs(u * xh);
+            want_db[static_cast<size_t>(j)] += dv[at];
+            bound_db[static_cast<size_t>(j)] += 10 * kF32 * std::abs(dv[at]);
+            want_dg[static_cast<size_t>(j)] += dv[at] * xh;
+            bound_dg[static_cast<size_t>(j)] += 14 * kF32 * std::abs(dv[at] * xh);
+          }
+          for (int64_t j = 0; j < d; ++j) {
+            const auto at = static_cast<size_t>(r * d + j);
+            const double xc = (xv[at] - m.mean) * rstd;
+            want_y[at] = xc * gv[static_cast<size_t>(j)] + bv[static_cast<size_t>(j)];
+            bound_y[at] = 8 * kF32 * (std::abs(xc * gv[static_cast<size_t>(j)]) + std::abs(bv[static_cast<size_t>(j)])) +
+                          std::abs(gv[static_cast<size_t>(j)]) * (rstd * bound_m.back() + std::abs(xc) * 8 * kF32) + 1e-30;
+            const double u = dv[at] * gv[static_cast<size_t>(j)], xh = (xv[at] - mu) * rs;
+            const double t1 = rs * u, t2 = rs * sum_u / static_cast<double>(d), t3 = rs * xh * sum_u_xh / static_cast<double>(d);
+            want_dx[at] = t1 - t2 - t3;
+            bound_dx[at] = 8 * kF32 * (std::abs(t1) + std::abs(t2) + std::abs(t3)) +
+                           rs * (12 * kF32 * abs_u + std::abs(xh) * 14 * kF32 * abs_u_xh) / static_cast<double>(d) + 1e-30;
+          }
+        }
+        for (int64_t j = 0; j < d; ++j) {
+          bound_db[static_cast<size_t>(j)] += kF32 * std::abs(want_db[static_cast<size_t>(j)]) + 1e-30;
+          bound_dg[static_cast<size_t>(j)] += kF32 * std::abs(want_dg[static_cast<size_t>(j)]) + 1e-30;
+        }
+        check_within(gm, want_m, bound_m, "mean");
+        check_within(grs, want_r, bound_r, "rstd");
+        check_within(gy, want_y, bound_y, "y");
+        check_within(gdb, want_db, bound_db, "dbeta");
+        check_within(gdg, want_dg, bound_dg, "dgamma");
+        check_within(gdx, want_dx, bound_dx, "dx");
+      }
+    }
+  }
+}
+
+namespace {
+// Bits of the f32 normalization kernels' outputs (batch norm and layer norm, forward and backward).
+std::string normalization_bits() {
+  std::string bits;
+  auto add = [&](const fl::Tensor& t) {
+    for (float v : t.to_vector<float>()) bits += fmt::format("{:08x} ", std::bit_cast<uint32_t>(v));
+  };
+  // Big enough that every pass splits over threads (more rows than one chunk takes).
+  const fl::Tensor x = f32_data({128, 6, 9, 11}, 400, 3.0, 2.0, true), dy = f32_data({128, 6, 9, 11}, 401, 0.0, 1.0, false);
+  const fl::Tensor g = f32_data({6}, 402, 1.0, 0.5, false), b = f32_data({6}, 403, 0.0, 1.0, false);
+  const fl::BatchNormOutput o = fl::batch_norm_training(x, g, b);
+  add(o.y);
+  add(o.mean);
+  add(o.var);
+  for (const fl::Tensor& t : fl::dispatch_all(*fl::find_op("batch_norm_backward"),
+                                              std::vector<fl::Tensor>{x, g, o.mean, o.var, dy}, &kNormAttrs)) {
+    add(t);
+  }
+  const fl::Tensor lx = fl::reshape(x, fl::Shape{768, 99}), ldy = fl::reshape(dy, fl::Shape{768, 99});
+  const fl::Tensor lg = f32_data({99}, 404, 1.0, 0.5, false), lb = f32_data({99}, 405, 0.0, 1.0, false);
+  const std::vector<fl::Tensor> f = fl::dispatch_all(*fl::find_op("layer_norm"), std::vector<fl::Tensor>{lx, lg, lb}, &kNormAttrs);
+  for (const fl::Tensor& t : f) add(t);
+  for (const fl::Tensor& t : fl::dispatch_all(*fl::find_op("layer_norm_backward"),
+                                              std::vector<fl::Tensor>{lx, lg, f[1], f[2], ldy}, &kNormAttrs)) {
+    add(t);
+  }
+  return bits;
+}
+}  // namespace
+
+TEST_CASE("f32 normalization results are bit-identical whatever the thread count") {
+  // As test_reduce's: each thread count in its own child process (the pool reads
+  // FLOWLET_NUM_THREADS once per process).
+  if (std::getenv("FLOWLET_TEST_NORM_BITS") != nullptr) {
+    std::printf("BITS %s\n", normalization_bits().c_str());
+    return;
+  }
+  const std::string here = normalization_bits();
+  char self[4096] = {};
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
+  REQUIRE(length > 0);
+  for (int threads : {1, 2, 3, 5}) {
+    CAPTURE(threads);
+    const std::string command = fmt::format(
+        "FLOWLET_TEST_NORM_BITS=1 FLOWLET_NUM_THREADS={} FLOWLET_INTRA_OP_THREADS={} '{}' "
+        "--test-case='f32 normalization results are bit-identical*' 2>&1",
+        threads, threads, self);
+    FILE* child = popen(command.c_str(), "r");
+    REQUIRE(child != nullptr);
+    std::string output;
+    char buffer[4096];
+    while (std::fgets(buffer, sizeof buffer, child) != nullptr) output += buffer;
+    CHECK(pclose(child) == 0);
+    const size_t at = output.find("BITS ");
+    REQUIRE(at != std::string::npos);
+    CHECK(output.substr(at + 5, output.find('\n', at) - at - 5) == here);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Gradients
 
 TEST_CASE("second-order gradients through batch_norm_training and layer_norm match finite differences") {
@@ -246,6 +533,37 @@ TEST_CASE("normalization gradients: traced equal eager") {
   CHECK(test::values(gx) == test::values(eager[0]));
   CHECK(test::values(gg) == test::values(eager[1]));
   CHECK(test::values(gb) == test::values(eager[2]));
+}
+
+TEST_CASE("batch_norm_training gradients traced: the statistics terms are kept exactly when the statistics are used") {
+  // Traced, the rule cannot read a statistics gradient's values: it drops the terms only for the
+  // tape's own zeros (nothing used that output). Each loss below uses y only, the mean only, the
+  // variance only, or all three; traced and eager gradients must agree, and the mean-only and
+  // var-only ones must match their closed forms (dx = g_mean / M; dx = 2 (x - mean) / M).
+  const fl::Tensor x = test::random_tensor({4, 3, 2, 5}, 140, fl::f32);
+  const fl::Tensor gamma = test::random_tensor({3}, 141, fl::f32), beta = test::random_tensor({3}, 142, fl::f32);
+  const fl::Tensor u = test::random_tensor({4, 3, 2, 5}, 143, fl::f32);
+  for (int use = 0; use < 4; ++use) {
+    CAPTURE(use);
+    auto grads = [&](fl::Tensor xi) {
+      fl::GradientTape tape;
+      tape.watch(xi);
+      const fl::BatchNormOutput o = fl::batch_norm_training(xi, gamma, beta);
+      fl::Tensor loss = use == 1 ? fl::sum(o.mean) : use == 2 ? fl::sum(o.var) : fl::sum(o.y * u);
+      if (use == 3) loss = loss + fl::sum(o.mean) + fl::sum(o.var);
+      return tape.gradient(loss, {xi})[0];
+    };
+    const fl::Tensor eager = grads(x);
+    auto traced = fl::trace([&](fl::Tensor xi) { return grads(xi); });
+    CHECK(test::values(traced(x)) == test::values(eager));
+    if (use == 1 || use == 2) {
+      const std::vector<double> xv = test::values(x);
+      std::vector<double> mean(3, 0.0), want(xv.size());
+      for (size_t i = 0; i < xv.size(); ++i) mean[(i / 10) % 3] += xv[i] / 40;
+      for (size_t i = 0; i < xv.size(); ++i) want[i] = use == 1 ? 1.0 / 40 : 2 * (xv[i] - mean[(i / 10) % 3]) / 40;
+      test::check_tensor(eager, want, x.shape(), fl::f32, test::Tolerance{1e-5, 1e-7});
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -131,9 +131,46 @@ TEST_CASE("sum of 16M f32 values of 0.1 is accurate to 1e-7 relative") {
   CHECK(worst < 1e-6);
 }
 
+TEST_CASE("f32 sums stay within the stated bound: 4 (rows) or 3 (columns) f32 roundings per element, then f64") {
+  // src/kernels/reduce_f32.hpp: each element of a row passes through a 4-level f32 tree (16 per
+  // lane), of a column through a 3-level one (8 rows), so the kernel's error is at most 4 (3) *
+  // 2^-24 of the sum of magnitudes (+ f64 rounding), and the f32 result adds its own rounding
+  // (2^-24 relative). Random data of one sign and of both, rows and columns, lengths around the
+  // tree and chunk sizes; the reference sums the stored f32 values in f64.
+  const double u = 0x1p-24;
+  uint64_t seed = 500;
+  for (int64_t n : {1, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1000, 32768, 32769, 100003}) {
+    for (bool mixed : {false, true}) {
+      CAPTURE(n);
+      CAPTURE(mixed);
+      const fl::Tensor x = fl::uniform(fl::Shape{n}, mixed ? -1.0 : 0.0, 1.0, seed++);
+      const std::vector<float> v = x.to_vector<float>();
+      double exact = 0, magnitude = 0;
+      for (float e : v) {
+        exact += static_cast<double>(e);
+        magnitude += std::abs(static_cast<double>(e));
+      }
+      const double got = static_cast<double>(fl::sum(x).item<float>());
+      CHECK(std::abs(got - exact) <= 4 * u * magnitude + u * std::abs(exact) + 1e-12 * magnitude);
+      const int64_t cols = 3;
+      const fl::Tensor m = fl::reshape(fl::uniform(fl::Shape{n * cols}, mixed ? -1.0 : 0.0, 1.0, seed++), fl::Shape{n, cols});
+      const std::vector<float> mv = m.to_vector<float>();
+      const std::vector<float> col = fl::sum(m, {0}).to_vector<float>();
+      for (int64_t j = 0; j < cols; ++j) {
+        double e = 0, mag = 0;
+        for (int64_t r = 0; r < n; ++r) {
+          e += static_cast<double>(mv[static_cast<size_t>(r * cols + j)]);
+          mag += std::abs(static_cast<double>(mv[static_cast<size_t>(r * cols + j)]));
+        }
+        CHECK(std::abs(static_cast<double>(col[static_cast<size_t>(j)]) - e) <= 3 * u * mag + u * std::abs(e) + 1e-12 * mag);
+      }
+    }
+  }
+}
+
 TEST_CASE("f32 sums of adversarial inputs stay within 1e-7 relative of the exact sum") {
-  // Pairs (1, just under half an ulp of 1): an f32 add of a pair rounds the small one away, the
-  // most the f32 pair step can lose (2^-24 relative, the documented bound for inputs of one sign).
+  // Pairs (1, just under half an ulp of 1): an f32 add of a one and a small value rounds the small
+  // one away (2^-24 relative: the most one level of the kernel's f32 tree loses on these inputs).
   // Plain f32 accumulation would also drop every small term, and stall once the total is large.
   const int64_t n = int64_t{1} << 22;
   const float small = 0x1.fcp-25f;  // 0.99 x 2^-24
@@ -177,6 +214,11 @@ std::string reduction_bits() {
   const fl::Tensor many = fl::randn(fl::Shape{3000, 77}, /*seed=*/13);
   add(fl::sum(many, {1}));
   add(fl::sum(many, {0}));
+  // In place over non-adjacent axes: runs (one group and several per output) and columns.
+  const fl::Tensor nchw = fl::uniform(fl::Shape{32, 5, 28, 28}, -1.0, 2.0, /*seed=*/14);
+  add(fl::sum(nchw, {0, 2, 3}));
+  add(fl::mean(fl::uniform(fl::Shape{80, 3, 1000}, -1.0, 2.0, /*seed=*/15), {0, 2}));
+  add(fl::sum(fl::reshape(nchw, fl::Shape{8, 4, 5, 28, 28}), {0, 2, 3}));
   return bits;
 }
 }  // namespace
@@ -299,6 +341,110 @@ TEST_CASE("reductions give the same results for non-contiguous inputs") {
   check_tensor(fl::sum(fl::transpose(x)), test::sum_ref(test::host(x), {0, 1}).values, fl::Shape{}, fl::f64);
   check_tensor(fl::max(test::strided_view(x)), test::max_ref(test::host(x), {0, 1}).values, fl::Shape{}, fl::f64);
   CHECK(compared == 4 * 9 * 2);
+}
+
+namespace {
+// x's values in a view whose innermost axis has stride 1 but whose rows are padded with
+// `sentinel` (and which starts at offset 3): not contiguous, yet readable in place, row by row.
+fl::Tensor padded_rows_view(const fl::Tensor& t, int64_t pad = 3, double sentinel = 99) {
+  const std::vector<double> v = test::values(t);
+  const fl::Shape shape = t.shape();
+  const int64_t last = shape[shape.size() - 1], rows = t.numel() / std::max<int64_t>(last, 1);
+  std::vector<double> buffer(static_cast<size_t>(3 + rows * (last + pad)), sentinel);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < last; ++j)
+      buffer[static_cast<size_t>(3 + r * (last + pad) + j)] = v[static_cast<size_t>(r * last + j)];
+  const fl::Tensor base = test::make(buffer, fl::Shape{static_cast<int64_t>(buffer.size())}, t.dtype());
+  fl::Strides strides = fl::contiguous_strides(shape);
+  for (size_t d = 0; d + 1 < shape.size(); ++d) strides[d] = strides[d] / last * (last + pad);
+  return fl::Tensor::view(base.storage(), shape, strides, 3, t.dtype());
+}
+}  // namespace
+
+TEST_CASE("reductions over non-adjacent axes and views read in place and match the reference") {
+  // The batch-norm patterns (axes 0, 2, 3 of NCHW; 0, 2 of [N, C, L]): the innermost reduced axis
+  // is read as contiguous runs; axes 0, 2 of [A, B, C, D]: the kept innermost axis as rows of
+  // columns; both on contiguous inputs and on padded-row views. Run lengths below 8 (the copy
+  // path), odd ones, and outputs with more than 32K elements each (split into groups) included.
+  struct Case {
+    fl::Shape shape;
+    std::vector<int64_t> axes;
+  };
+  const std::vector<Case> cases = {
+      {{4, 3, 5, 6}, {0, 2, 3}},  {{3, 5, 9}, {0, 2}},     {{2, 3, 33}, {0, -1}},   {{5, 2, 3}, {0, 2}},
+      {{3, 4, 5, 11}, {0, 2}},    {{2, 6, 3, 8}, {1, 3}},  {{7, 1, 13}, {0, 2}},    {{3, 4, 20}, {0, 1, 2}},
+      {{40, 2, 1000}, {0, 2}},    {{2, 3, 4, 5}, {0, 1, 3}}, {{6, 16}, {0}},        {{6, 16}, {1}},
+  };
+  int compared = 0;
+  uint64_t seed = 7000;
+  for (const Case& c : cases) {
+    for (fl::DType dt : {fl::f32, fl::f64, fl::i32, fl::u8, fl::bf16}) {
+      for (bool keepdims : {false, true}) {
+        CAPTURE(test::shape_text(c.shape));
+        CAPTURE(dt);
+        CAPTURE(keepdims);
+        const fl::Tensor x = test::random_tensor(c.shape, seed++, dt);
+        const Host h = test::host(x);
+        const Host want = test::sum_ref(h, c.axes, keepdims);
+        const Host want_max = test::max_ref(h, c.axes, keepdims);
+        // bf16 sums round once at the end: compare at bf16's precision.
+        for (const fl::Tensor& view : {x, padded_rows_view(x)}) {
+          check_tensor(fl::sum(view, c.axes, keepdims), want.values, want.shape, sum_dtype(dt));
+          check_tensor(fl::max(view, c.axes, keepdims), want_max.values, want_max.shape, dt);
+          if (dt == fl::f32 || dt == fl::f64) {
+            const Host want_mean = mean_ref(h, c.axes, keepdims);
+            check_tensor(fl::mean(view, c.axes, keepdims), want_mean.values, want_mean.shape, dt);
+          }
+          ++compared;
+        }
+      }
+    }
+  }
+  CHECK(compared == 12 * 5 * 2 * 2);
+  // NaN in one channel's run only.
+  std::vector<float> v(2 * 3 * 16, 1.0f);
+  v[static_cast<size_t>(1 * 3 * 16 + 2 * 16 + 5)] = NAN;  // n 1, c 2
+  const fl::Tensor with_nan = fl::tensor(v, fl::Shape{2, 3, 16});
+  check_tensor(fl::sum(with_nan, {0, 2}), {32, 32, kNaN}, fl::Shape{3}, fl::f32);
+  check_tensor(fl::max(with_nan, {0, 2}), {1, 1, kNaN}, fl::Shape{3}, fl::f32);
+}
+
+TEST_CASE("f32 column sums match the reference at every row and column count around the vector widths") {
+  // Columns go 32 and 8 at a time, then one at a time; rows 8 at a time (a tree), then one at a
+  // time. Each column's value must not depend on its position among the columns summed together
+  // (vector lane or scalar tail; over 64 columns they go row group by row group): the same columns
+  // shifted by one place give the same bits.
+  uint64_t seed = 9000;
+  for (int64_t rows : {1, 7, 8, 9, 17, 64, 100}) {
+    for (int64_t cols : {1, 7, 8, 9, 31, 32, 33, 41, 65, 100}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      const fl::Tensor x = test::random_tensor(fl::Shape{rows, cols}, seed++, fl::f32);
+      const Host want = test::sum_ref(test::host(x), {0});
+      const fl::Tensor got = fl::sum(x, {0});
+      check_tensor(got, want.values, want.shape, fl::f32);
+      check_tensor(fl::sum(padded_rows_view(x), {0}), want.values, want.shape, fl::f32);
+      // The columns from 1 on (a view: rows cols apart), so every column sits one place over.
+      if (cols == 1) continue;
+      const std::vector<float> all = got.to_vector<float>();
+      const std::vector<float> shifted = fl::sum(fl::slice(x, 1, 1, cols - 1), {0}).to_vector<float>();
+      for (int64_t j = 1; j < cols; ++j) {
+        CHECK(std::bit_cast<uint32_t>(shifted[static_cast<size_t>(j - 1)]) == std::bit_cast<uint32_t>(all[static_cast<size_t>(j)]));
+      }
+    }
+  }
+}
+
+TEST_CASE("strided f32 sums keep the 1e-7 accuracy") {
+  // The pair pattern of the adversarial test, laid out as [N, C, L] and reduced over 0 and 2.
+  const int64_t n = 64, c = 3, l = 2048;
+  const float small = 0x1.fcp-25f;
+  std::vector<float> v(static_cast<size_t>(n * c * l));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = (i / 32) % 2 == 0 ? 1.0f : small;
+  const double exact = static_cast<double>(n * l / 2) * (1.0 + static_cast<double>(small));
+  for (float got : fl::sum(fl::tensor(v, fl::Shape{n, c, l}), {0, 2}).to_vector<float>()) {
+    CHECK(std::abs(static_cast<double>(got) - exact) / exact <= 1e-7);
+  }
 }
 
 TEST_CASE("argmax matches the reference and picks the first maximum") {

@@ -2,7 +2,8 @@
 // (AVX-512, or AVX2 where the CPU lacks it; target >= 90 % of it) and libtorch at::sum (issue 18:
 // >= 1.0x its GB/s, measured also in interleaved rounds), plus the accuracy of each answer on 0.1f
 // values (exact: 1677721.6; target relative error <= 1e-7). Then the other reductions models use
-// (short and long rows, column means, max, argmax) beside libtorch, to catch regressions.
+// (short and long rows, column means, batch norm's axes 0, 2, 3 of NCHW, max, argmax) beside
+// libtorch, to catch regressions. FLOWLET_NUM_THREADS=1 gives libtorch one thread too.
 // GCC 12's AVX-512 intrinsics use a self-initialized "undefined" vector that trips -Wuninitialized
 // inside the header itself (GCC PR 105593); silence it for that header only.
 #pragma GCC diagnostic push
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
@@ -183,6 +185,9 @@ void other_reductions() {
        FLOWLET_TORCH_OP([](const at::Tensor& x) { return at::mean(x, at::IntArrayRef{0}); })},
       {"mean axes 0,2 of [64, 32, 256]", fl::Shape{64, 32, 256}, [](const fl::Tensor& x) { return fl::mean(x, {0, 2}); }
        FLOWLET_TORCH_OP([](const at::Tensor& x) { return at::mean(x, at::IntArrayRef{0, 2}); })},
+      {"sum axes 0,2,3 of [128, 32, 28, 28]", fl::Shape{128, 32, 28, 28},
+       [](const fl::Tensor& x) { return fl::sum(x, {0, 2, 3}); }
+       FLOWLET_TORCH_OP([](const at::Tensor& x) { return at::sum(x, at::IntArrayRef{0, 2, 3}); })},
       {"max axis 1 of [4096, 256]", fl::Shape{4096, 256}, [](const fl::Tensor& x) { return fl::max(x, {1}); }
        FLOWLET_TORCH_OP([](const at::Tensor& x) { return std::get<0>(at::max(x, 1)); })},
       {"argmax axis 1 of [65536, 10]", fl::Shape{65536, 10}, [](const fl::Tensor& x) { return fl::argmax(x, 1); }
@@ -273,5 +278,12 @@ void run_all() {
 }  // namespace
 
 int main() {
-  return bench::run_benchmark("bench_reduce", "reduction (16M f32 sum)", /*torch_uses_all_threads=*/true, run_all);
+  // With FLOWLET_NUM_THREADS=1 libtorch gets one thread too: on a busy machine (libtorch's OpenMP
+  // threads spin under load) one thread each is the steadier comparison.
+  const char* threads = std::getenv("FLOWLET_NUM_THREADS");
+  const bool one_thread = threads != nullptr && std::string(threads) == "1";
+#ifdef FLOWLET_BENCH_HAVE_TORCH
+  if (one_thread) at::set_num_threads(1);
+#endif
+  return bench::run_benchmark("bench_reduce", "reduction (16M f32 sum)", /*torch_uses_all_threads=*/!one_thread, run_all);
 }

@@ -1,35 +1,44 @@
-// The f32 run sum and max (see reduce_f32.hpp). GCC vector types: AVX2 registers where the build targets
-// them (-march=native), two SSE halves otherwise; the arithmetic and its order are the same.
+// The f32 run sum and max (see reduce_f32.hpp). GCC vector types (kernels/reduce_lanes.hpp): AVX2
+// registers where the build targets them (-march=native), two SSE halves otherwise; the arithmetic
+// and its order are the same.
 #include "kernels/reduce_f32.hpp"
 
-#include <cstring>
+#include <algorithm>
 #include <limits>
+
+#include "kernels/reduce_lanes.hpp"
 
 namespace flowlet::detail {
 namespace {
 
-using F32x8 = float __attribute__((vector_size(32)));
-using F64x4 = double __attribute__((vector_size(32)));
-using I32x8 = int32_t __attribute__((vector_size(32)));
+using lanes::F32x8;
+using lanes::F64x4;
+using lanes::I32x8;
+using lanes::load;
+using lanes::store;
+using lanes::widen_add;
 
-// Vectors pass by reference, never by value: in a build without AVX (-Dnative=false) a 32-byte
-// vector argument or return value would have a different calling convention (GCC -Wpsabi).
-inline void load(F32x8& v, const float* p) {
-  std::memcpy(&v, p, sizeof v);  // unaligned load
+constexpr int64_t kTree = 64;  // elements per 8-vector f32 tree: 8 vectors of 8 lanes
+
+// The pairwise f32 sum of the 8 vectors at p: ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)).
+// Named vectors, not an array: GCC turned eight loads into an array into a 256-byte stack copy.
+inline void tree(F32x8& t, const float* p) {
+  F32x8 v0, v1, v2, v3, v4, v5, v6, v7;
+  load(v0, p);
+  load(v1, p + 8);
+  load(v2, p + 16);
+  load(v3, p + 24);
+  load(v4, p + 32);
+  load(v5, p + 40);
+  load(v6, p + 48);
+  load(v7, p + 56);
+  t = ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7));
 }
-
-// acc[0..1] += the 8 lanes of v, widened to f64.
-inline void widen_add(F64x4* acc, const F32x8& v) {
-  acc[0] += __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), F64x4);
-  acc[1] += __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), F64x4);
-}
-
-constexpr int64_t kBlock = 64;  // 32 lanes x 2 elements
 
 }  // namespace
 
 double sum_f32_run(const float* x, int64_t n) {
-  if (n < kBlock) {  // short rows (softmax over classes, small axes): two accumulators, no pairing
+  if (n < kTree) {  // short rows (softmax over classes, small axes): two accumulators, no tree
     F64x4 acc[2] = {};
     int64_t i = 0;
     F32x8 v;
@@ -37,36 +46,141 @@ double sum_f32_run(const float* x, int64_t n) {
       load(v, x + i);
       widen_add(acc, v);
     }
-    const F64x4 all = acc[0] + acc[1];
-    double total = (all[0] + all[1]) + (all[2] + all[3]);
+    double total = lanes::lane_total(acc[0] + acc[1]);
     for (; i < n; ++i) total += static_cast<double>(x[i]);
     return total;
   }
-  F64x4 acc[8] = {};  // 32 f64 lanes: 8 independent add chains hide the add latency
+  // Four trees per step, added in pairs (a tree of 16 per lane), into 4 f64 accumulators (two
+  // pairs): independent add chains hide the latency. Named pairs, not one array, so that they stay
+  // in registers.
+  F64x4 first[2] = {}, second[2] = {};
   int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    // Lane j of pair sum k adds elements i + 8k + j and i + 32 + 8k + j.
-    for (int k = 0; k < 4; ++k) {
-      F32x8 first, second;
-      load(first, x + i + 8 * k);
-      load(second, x + i + 32 + 8 * k);
-      widen_add(acc + 2 * k, first + second);
-    }
+  F32x8 t, u, v, w;
+  for (; i + 4 * kTree <= n; i += 4 * kTree) {
+    tree(t, x + i);
+    tree(u, x + i + kTree);
+    tree(v, x + i + 2 * kTree);
+    tree(w, x + i + 3 * kTree);
+    widen_add(first, t + u);
+    widen_add(second, v + w);
   }
-  // Whole vectors of the tail (short rows: softmax, small axes) still go through the f64 lanes,
-  // unpaired, rather than one add after another.
-  for (int k = 0; i + 8 <= n; i += 8, k = (k + 2) % 8) {
-    F32x8 v;
-    load(v, x + i);
-    widen_add(acc + k, v);
+  if (i + 2 * kTree <= n) {
+    tree(t, x + i);
+    tree(u, x + i + kTree);
+    widen_add(first, t + u);
+    i += 2 * kTree;
   }
-  // Fixed-order combination: pairwise over the accumulators, then the lanes in order.
-  const F64x4 quarter0 = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-  const F64x4 quarter1 = (acc[4] + acc[5]) + (acc[6] + acc[7]);
-  const F64x4 all = quarter0 + quarter1;
-  double total = (all[0] + all[1]) + (all[2] + all[3]);
+  if (i + kTree <= n) {
+    tree(t, x + i);
+    widen_add(second, t);
+    i += kTree;
+  }
+  // Whole vectors of the tail still go through the f64 lanes, unpaired.
+  for (; i + 8 <= n; i += 8) {
+    load(t, x + i);
+    widen_add(second, t);
+  }
+  // Fixed-order combination: the accumulators pairwise, then the lanes in order.
+  double total = lanes::lane_total((first[0] + first[1]) + (second[0] + second[1]));
   for (; i < n; ++i) total += static_cast<double>(x[i]);
   return total;
+}
+
+namespace {
+
+// Columns [0, 8 * Vectors) of the column sums: per group of 8 rows the tree of tree() down the
+// rows, widened and added in f64; leftover rows one at a time.
+template <int Vectors>
+void column_strip(const float* x, int64_t rows, int64_t stride, double* out) {
+  F64x4 acc[Vectors][2] = {};
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) {
+    const float* p = x + r * stride;
+    for (int k = 0; k < Vectors; ++k) {
+      F32x8 v0, v1, v2, v3, v4, v5, v6, v7;
+      load(v0, p + 8 * k);
+      load(v1, p + stride + 8 * k);
+      load(v2, p + 2 * stride + 8 * k);
+      load(v3, p + 3 * stride + 8 * k);
+      load(v4, p + 4 * stride + 8 * k);
+      load(v5, p + 5 * stride + 8 * k);
+      load(v6, p + 6 * stride + 8 * k);
+      load(v7, p + 7 * stride + 8 * k);
+      widen_add(acc[k], ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)));
+    }
+  }
+  for (; r < rows; ++r) {
+    for (int k = 0; k < Vectors; ++k) {
+      F32x8 v;
+      load(v, x + r * stride + 8 * k);
+      widen_add(acc[k], v);
+    }
+  }
+  for (int k = 0; k < Vectors; ++k) {
+    for (int lane = 0; lane < 4; ++lane) {
+      out[8 * k + lane] = acc[k][0][lane];
+      out[8 * k + 4 + lane] = acc[k][1][lane];
+    }
+  }
+}
+
+// One column, with the same arithmetic as a vector lane of column_strip.
+void column_scalar(const float* x, int64_t rows, int64_t stride, double* out) {
+  double acc = 0;
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) {
+    const float* p = x + r * stride;
+    acc += static_cast<double>(((p[0] + p[stride]) + (p[2 * stride] + p[3 * stride])) +
+                               ((p[4 * stride] + p[5 * stride]) + (p[6 * stride] + p[7 * stride])));
+  }
+  for (; r < rows; ++r) acc += static_cast<double>(x[r * stride]);
+  *out = acc;
+}
+
+// Wide matrices, row group by row group: the 8 rows of a group are read side by side, 8 columns
+// at a time, each column's tree added to its f64 total in out (which stays in cache), so memory is
+// read as 8 sequential streams. The arithmetic per column is column_strip's exactly.
+void wide_columns(const float* x, int64_t rows, int64_t stride, int64_t cols, double* out) {
+  std::fill(out, out + cols, 0.0);
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) {
+    const float* p = x + r * stride;
+    int64_t j = 0;
+    for (; j + 8 <= cols; j += 8) {
+      F32x8 v0, v1, v2, v3, v4, v5, v6, v7;
+      load(v0, p + j);
+      load(v1, p + stride + j);
+      load(v2, p + 2 * stride + j);
+      load(v3, p + 3 * stride + j);
+      load(v4, p + 4 * stride + j);
+      load(v5, p + 5 * stride + j);
+      load(v6, p + 6 * stride + j);
+      load(v7, p + 7 * stride + j);
+      F64x4 acc[2];  // one vector at a time: a 64-byte memcpy of both went through the stack
+      load(acc[0], out + j);
+      load(acc[1], out + j + 4);
+      widen_add(acc, ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)));
+      store(out + j, acc[0]);
+      store(out + j + 4, acc[1]);
+    }
+    for (; j < cols; ++j) {
+      const float* q = p + j;
+      out[j] += static_cast<double>(((q[0] + q[stride]) + (q[2 * stride] + q[3 * stride])) +
+                                    ((q[4 * stride] + q[5 * stride]) + (q[6 * stride] + q[7 * stride])));
+    }
+  }
+  for (; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) out[j] += static_cast<double>(x[r * stride + j]);
+}
+
+}  // namespace
+
+void sum_f32_columns(const float* x, int64_t rows, int64_t stride, int64_t cols, double* out) {
+  if (cols > 64) return wide_columns(x, rows, stride, cols, out);
+  int64_t j = 0;
+  for (; j + 32 <= cols; j += 32) column_strip<4>(x + j, rows, stride, out + j);
+  for (; j + 8 <= cols; j += 8) column_strip<1>(x + j, rows, stride, out + j);
+  for (; j < cols; ++j) column_scalar(x + j, rows, stride, out + j);
 }
 
 float max_f32_run(const float* x, int64_t n) {

@@ -2,12 +2,14 @@
 // batch_norm_inference, layer_norm and layer_norm_backward; their shape rules, CPU kernels, Op
 // values and the public functions of flowlet/ops/normalization.hpp.
 //
-// Batch norm sees x as [N, C, S] (S: the product of the axes after 1) and works per channel, in
-// parallel over channels; layer norm sees x as [rows, D] (D: the product of the last
-// normalized_dims axes) and works per row. Statistics accumulate in f64: batch norm in one pass
-// over x shifted by one of its values, layer norm (rows that stay in cache) in two (mean, then the
-// squared deviations), so a large mean does not cancel the variance; f16/bf16 are read as float.
-// layer_norm's mean and rstd outputs have x's leading (unnormalized) axes.
+// Batch norm sees x as [N, C, S] (S: the product of the axes after 1); layer norm sees x as
+// [rows, D] (D: the product of the last normalized_dims axes). f32 inputs (batch norm's with
+// S >= kMinF32Row) go to the f32 kernels of normalization_f32.cpp: blocked f32 lanes, f64 between
+// blocks, stated and tested bounds. The generic kernels here (f64, f16/bf16 read as float, and
+// batch norm's short rows) work per channel, in parallel over channels, or per row, and accumulate
+// every element in f64: batch norm in one pass over x shifted by one of its values, layer norm
+// (rows that stay in cache) in two (mean, then the squared deviations), so a large mean does not
+// cancel the variance. layer_norm's mean and rstd outputs have x's leading (unnormalized) axes.
 //
 // The gradient rules are in normalization_grads.cpp.
 #include "flowlet/ops/normalization.hpp"
@@ -101,11 +103,6 @@ inline void for_lanes(int64_t n, F&& f) {
   for (int j = 0; i < n; ++i, ++j) f(i, j);
 }
 
-// Channels per parallel chunk: enough values to pay for a thread.
-int64_t channel_grain(int64_t values_per_channel) {
-  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(values_per_channel, 1));
-}
-
 // ---------------------------------------------------------------------------------------------
 // batch_norm_training: x, gamma, beta -> y, mean, var (biased)
 
@@ -136,6 +133,9 @@ void bn_training_kernel(const OpCall& call, std::span<Tensor> out) {
     T* y = static_cast<T*>(out[0].raw_data());
     T* mean_out = static_cast<T*>(out[1].raw_data());
     T* var_out = static_cast<T*>(out[2].raw_data());
+    if constexpr (std::is_same_v<T, float>) {
+      if (v.s >= kMinF32Row) return bn_training_f32(xs, g, b, v, eps, y, mean_out, var_out);
+    }
     const double count = static_cast<double>(v.count());
     parallel_for(v.c, channel_grain(v.count()), [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
@@ -208,6 +208,9 @@ void bn_backward_kernel(const OpCall& call, std::span<Tensor> out) {
     T* dx = static_cast<T*>(out[0].raw_data());
     T* dgamma = static_cast<T*>(out[1].raw_data());
     T* dbeta = static_cast<T*>(out[2].raw_data());
+    if constexpr (std::is_same_v<T, float>) {
+      if (v.s >= kMinF32Row) return bn_backward_f32(xs, g, m, vr, dys, v, eps, dx, dgamma, dbeta);
+    }
     const double count = static_cast<double>(v.count());
     parallel_for(v.c, channel_grain(v.count()), [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
@@ -261,15 +264,20 @@ void bn_inference_kernel(const OpCall& call, std::span<Tensor> out) {
   const ChannelView v = channel_view(x.shape());
   visit_dtype<kFloating>(x.dtype(), [&]<class T>(TypeTag<T>) {
     using C = compute_t<T>;
-    std::vector<C> scale(static_cast<size_t>(v.c)), shift(static_cast<size_t>(v.c));
+    // y = (x - center) * scale + shift with center the mean rounded to C and shift = beta -
+    // (mean - center) * scale: subtracting first keeps a large mean from cancelling digits, as
+    // x * scale + (beta - mean * scale) would.
+    std::vector<C> center(static_cast<size_t>(v.c)), scale(static_cast<size_t>(v.c)), shift(static_cast<size_t>(v.c));
     const T* g = static_cast<const T*>(gamma.raw_data());
     const T* b = static_cast<const T*>(beta.raw_data());
     const T* m = static_cast<const T*>(mean.raw_data());
     const T* vr = static_cast<const T*>(var.raw_data());
     for (int64_t c = 0; c < v.c; ++c) {
+      const auto k = static_cast<size_t>(c);
       const double sc = load(g, c) / std::sqrt(load(vr, c) + eps);
-      scale[static_cast<size_t>(c)] = static_cast<C>(sc);
-      shift[static_cast<size_t>(c)] = static_cast<C>(load(b, c) - load(m, c) * sc);
+      center[k] = static_cast<C>(load(m, c));
+      scale[k] = static_cast<C>(sc);
+      shift[k] = static_cast<C>(load(b, c) - (load(m, c) - static_cast<double>(center[k])) * sc);
     }
     const T* xs = static_cast<const T*>(x.raw_data());
     T* y = static_cast<T*>(out[0].raw_data());
@@ -277,8 +285,10 @@ void bn_inference_kernel(const OpCall& call, std::span<Tensor> out) {
     parallel_for(v.n * v.c, channel_grain(v.s), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const auto c = static_cast<size_t>(r % v.c);
-        const C sc = scale[c], sh = shift[c];
-        for (int64_t s = 0; s < v.s; ++s) y[r * v.s + s] = convert<T>(static_cast<C>(convert<C>(xs[r * v.s + s]) * sc + sh));
+        const C ct = center[c], sc = scale[c], sh = shift[c];
+        for (int64_t s = 0; s < v.s; ++s) {
+          y[r * v.s + s] = convert<T>(static_cast<C>((convert<C>(xs[r * v.s + s]) - ct) * sc + sh));
+        }
       }
     });
   });
@@ -311,6 +321,7 @@ void ln_kernel(const OpCall& call, std::span<Tensor> out) {
     T* mean_out = static_cast<T*>(out[1].raw_data());
     T* rstd_out = static_cast<T*>(out[2].raw_data());
     const int64_t d = view.d;
+    if constexpr (std::is_same_v<T, float>) return ln_forward_f32(xs, g, b, view.rows, d, attrs.eps, y, mean_out, rstd_out);
     parallel_for(view.rows, channel_grain(d), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* row = xs + r * d;
@@ -377,6 +388,7 @@ void ln_backward_kernel(const OpCall& call, std::span<Tensor> out) {
     T* dgamma = static_cast<T*>(out[1].raw_data());
     T* dbeta = static_cast<T*>(out[2].raw_data());
     const int64_t d = view.d, rows = view.rows;
+    if constexpr (std::is_same_v<T, float>) return ln_backward_f32(xs, g, m, rs, dys, rows, d, dx, dgamma, dbeta);
     // Row blocks, a count fixed by the shape (never by the thread count): each block writes dx for
     // its rows and accumulates its own partial dgamma and dbeta (in f64) in the same sweep; the
     // blocks' partial sums are then added in block order.

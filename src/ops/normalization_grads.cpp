@@ -19,14 +19,13 @@ namespace flowlet::detail {
 namespace {
 
 // True when `g` is the tape's gradient of an output nobody used: the zeros it makes for the rule
-// (held only by the tape's argument list: a use count of 1) on the CPU. Rules then skip that
-// output's terms (full passes over x). A gradient that was computed, even one that is zero now, is
-// held elsewhere too (the tape's map, an outer tape that tracks it): its terms are always added, so
-// higher-order gradients through it stay right. Other devices' gradients are not read. While
-// tracing, the tape's zeros are symbolic: the use count alone tells them (the tape is the only
-// caller of rules, and every gradient it computed is also held by its map), so the traced graph
-// skips the same terms the eager step skips (issue 18: a traced CNN step ran three extra full
-// passes over x per batch norm, x * 0 + 0, that eager never ran).
+// (zeros_like in src/autodiff/tape.cpp, held only by the tape's argument list: a use count of 1).
+// Rules then skip that output's terms (full passes over x: in a traced CNN step, three unfused
+// elementwise passes over each batch norm's x, multiplying by folded zeros). A gradient that was
+// computed, even one that is zero now, is held elsewhere too (the tape's map, an outer tape that
+// tracks it): its terms are always added, so higher-order gradients through it stay right.
+// Eager CPU gradients are also checked to be zeros; a symbolic one (traced: its values do not
+// exist yet) is recognized by the use count alone, which only the tape's own zeros can have.
 bool unused_output_gradient(const Tensor& g) {
   if (g.impl_ptr()->use_count() != 1) return false;
   if (g.is_symbolic()) return true;

@@ -1,8 +1,10 @@
-// What the normalization ops' two files share (src/ops/normalization.cpp: shapes, kernels, the
-// Op values and public functions; src/ops/normalization_grads.cpp: the gradient rules): the views of
-// x they work in, the backward ops the rules call, and the rules the Op values name.
+// What the normalization ops' files share (src/ops/normalization.cpp: shapes, generic kernels, the
+// Op values and public functions; src/ops/normalization_f32.cpp: the f32 kernels;
+// src/ops/normalization_grads.cpp: the gradient rules): the views of x they work in, the f32
+// kernels, the backward ops the rules call, and the rules the Op values name.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -11,6 +13,7 @@
 #include "core/check.hpp"
 #include "core/dtype_visit.hpp"
 #include "flowlet/op.hpp"
+#include "runtime/thread_pool.hpp"
 
 namespace flowlet::detail {
 
@@ -71,6 +74,24 @@ template <class T>
 inline double load(const T* p, int64_t i) {
   return convert<double>(p[i]);
 }
+
+// Channels (or rows) per parallel chunk: enough values to pay for a thread.
+inline int64_t channel_grain(int64_t values_per_channel) {
+  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(values_per_channel, 1));
+}
+
+// The f32 kernels (normalization_f32.cpp): blocked f32 lanes, f64 between blocks. Batch norm's
+// takes rows of at least kMinF32Row values (S = H * W; shorter rows keep the generic loop, whose
+// per-element f64 work costs less than a call per row there).
+inline constexpr int64_t kMinF32Row = 32;
+void bn_training_f32(const float* x, const float* gamma, const float* beta, const ChannelView& v, double eps, float* y,
+                     float* mean_out, float* var_out);
+void bn_backward_f32(const float* x, const float* gamma, const float* mean, const float* var, const float* dy,
+                     const ChannelView& v, double eps, float* dx, float* dgamma, float* dbeta);
+void ln_forward_f32(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t d, double eps, float* y,
+                    float* mean_out, float* rstd_out);
+void ln_backward_f32(const float* x, const float* gamma, const float* mean, const float* rstd, const float* dy,
+                     int64_t rows, int64_t d, float* dx, float* dgamma, float* dbeta);
 
 // The backward ops (the rules of batch_norm_training and layer_norm call them) and every rule.
 extern Op batch_norm_backward_op;

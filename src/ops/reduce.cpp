@@ -1,18 +1,23 @@
 // Reductions: sum and max over any axes (keepdims either way), argmax, and mean as a composite.
 //
-// The input is seen as [outer, reduced, inner]: when the reduced axes form one block of adjacent
-// dimensions no copy is made; otherwise they are moved last by one copy. Floating sums accumulate
-// in f64 over fixed chunks whose partial sums are added in order, so the result is accurate and
-// bit-identical whatever the thread count. Within a chunk, f32 rows go through sum_f32_run (pairs
-// added in f32, then f64 lanes: relative error <= 2^-24 for inputs of one sign, at memory speed);
-// other floating types accumulate every element in f64 over 16 lanes. f32 row maxima go through
-// max_f32_run (branch-free vector lanes). f16/bf16 are read as float (sums still
-// accumulate in f64, max compares in float) and the result is rounded once to the input dtype, as
-// PyTorch does; the f32/f64 loops are the same instantiations as before.
+// A contiguous input whose reduced axes form one block of adjacent dimensions is seen as [outer,
+// reduced, inner] in place. Other layouts (axes 0, 2, 3 of NCHW as batch norm reduces, views) are
+// read in place through offsets when their innermost dimension is contiguous
+// (ops/reduce_strided.hpp: runs of the innermost reduced axis, or rows of the innermost kept one);
+// only the rest (an innermost stride other than 1, runs shorter than 8 elements) is copied into
+// that block first. Floating sums accumulate in f64 over fixed chunks whose partial sums are added
+// in order, so the result is accurate and bit-identical whatever the thread count. Within a chunk,
+// f32 rows go through sum_f32_run and f32 columns through sum_f32_columns (pairwise f32 trees of 16
+// or 8 elements, then f64: relative error <= 4 * 2^-24 for inputs of one sign, at memory speed); other
+// floating types accumulate every element in f64 over 16 lanes. f32 row maxima go through
+// max_f32_run (branch-free vector lanes). f16/bf16 are read as float (sums still accumulate in
+// f64, max compares in float) and the result is rounded once to the input dtype, as PyTorch does.
+
 #include "flowlet/ops/reduce.hpp"
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/elementwise.hpp"
@@ -22,6 +27,7 @@
 #include "kernels/reduce_f32.hpp"
 #include "ops/attributes.hpp"
 #include "ops/reduce_layout.hpp"
+#include "ops/reduce_strided.hpp"
 #include "ops/registry.hpp"
 
 namespace flowlet {
@@ -154,6 +160,20 @@ typename P::Acc reduce_run(const T* x, int64_t n) {
   }
 }
 
+// acc[j] = reduce over r in [0, rows) of x[r * stride + j] (acc starts at P::init()): f32 sums
+// through sum_f32_columns (trees of 8 rows, f64 between them), everything else element by element.
+template <class P, class T>
+void reduce_columns(const T* x, int64_t rows, int64_t stride, int64_t cols, typename P::Acc* acc) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<P, SumPolicy<float>>) {
+    sum_f32_columns(x, rows, stride, cols, acc);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = x + r * stride;
+      for (int64_t j = 0; j < cols; ++j) acc[j] = P::step(acc[j], row[j]);
+    }
+  }
+}
+
 // Reduces one contiguous row: fixed chunks, partials combined in order (deterministic).
 template <class P, class T>
 typename P::Acc reduce_row(const T* x, int64_t n, bool parallel) {
@@ -208,14 +228,77 @@ void reduce_blocked(const Blocked& b, Out* out) {
                    const int64_t j0 = start % inner;
                    const int64_t j1 = std::min(inner, j0 + (end - start));
                    acc.assign(static_cast<size_t>(j1 - j0), P::init());
-                   for (int64_t r = 0; r < reduced; ++r) {
-                     const T* row = x + (o * reduced + r) * inner;
-                     for (int64_t j = j0; j < j1; ++j) acc[j - j0] = P::step(acc[j - j0], row[j]);
-                   }
+                   reduce_columns<P>(x + o * reduced * inner + j0, reduced, inner, j1 - j0, acc.data());
                    for (int64_t j = j0; j < j1; ++j) out[o * inner + j] = convert<Out>(acc[j - j0]);
                    start += j1 - j0;
                  }
                });
+}
+
+// The strided layout (ops/reduce_strided.hpp), read in place. Runs: output o adds up its runs in
+// order; when an output has many runs they split into groups of about kChunk elements, a count
+// fixed by the shape, whose partials are combined in order, so the bits never depend on the thread
+// count. Columns: as the contiguous column loop above, with the rows found through offsets.
+template <class P, class T, class Out>
+void reduce_strided(const StridedReduction& plan, const T* x, Out* out) {
+  using Acc = typename P::Acc;
+  const int64_t outputs = static_cast<int64_t>(plan.out_offsets.size());
+  const int64_t runs = static_cast<int64_t>(plan.reduced_offsets.size());
+  const int64_t run = plan.run;
+  if (plan.kind == StridedReduction::Kind::runs) {
+    const int64_t per_group = std::max<int64_t>(1, kChunk / run);
+    const int64_t groups = (runs + per_group - 1) / per_group;
+    auto reduce_group = [&](int64_t item) {
+      const int64_t o = item / groups, g = item % groups;
+      const T* base = x + plan.out_offsets[static_cast<size_t>(o)];
+      Acc acc = P::init();
+      for (int64_t r = g * per_group; r < std::min(runs, (g + 1) * per_group); ++r) {
+        acc = P::combine(acc, reduce_run<P>(base + plan.reduced_offsets[static_cast<size_t>(r)], run));
+      }
+      return acc;
+    };
+    const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(std::min(runs, per_group) * run, 1));
+    if (groups == 1) {
+      parallel_for(outputs, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; ++o) out[o] = convert<Out>(reduce_group(o));
+      });
+      return;
+    }
+    std::vector<Acc> partial(static_cast<size_t>(outputs * groups));
+    parallel_for(outputs * groups, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) partial[static_cast<size_t>(item)] = reduce_group(item);
+    });
+    for (int64_t o = 0; o < outputs; ++o) {
+      Acc acc = P::init();
+      for (int64_t g = 0; g < groups; ++g) acc = P::combine(acc, partial[static_cast<size_t>(o * groups + g)]);
+      out[o] = convert<Out>(acc);
+    }
+    return;
+  }
+  // Reduced rows a fixed step apart (always so for one reduced dimension after merging).
+  const int64_t step = runs > 1 ? plan.reduced_offsets[1] - plan.reduced_offsets[0] : 0;
+  bool uniform = plan.reduced_offsets[0] == 0;
+  for (int64_t r = 0; uniform && r < runs; ++r) uniform = plan.reduced_offsets[static_cast<size_t>(r)] == r * step;
+  parallel_for(outputs * run, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(runs, 1)), [&](int64_t begin, int64_t end) {
+    std::vector<Acc> acc;
+    for (int64_t start = begin; start < end;) {
+      const int64_t o = start / run;
+      const int64_t j0 = start % run;
+      const int64_t j1 = std::min(run, j0 + (end - start));
+      acc.assign(static_cast<size_t>(j1 - j0), P::init());
+      const T* base = x + plan.out_offsets[static_cast<size_t>(o)];
+      if (uniform) {  // one reduced dimension: rows a stride apart, as in the contiguous case
+        reduce_columns<P>(base + j0, runs, step, j1 - j0, acc.data());
+      } else {
+        for (int64_t r = 0; r < runs; ++r) {
+          const T* row = base + plan.reduced_offsets[static_cast<size_t>(r)];
+          for (int64_t j = j0; j < j1; ++j) acc[j - j0] = P::step(acc[j - j0], row[j]);
+        }
+      }
+      for (int64_t j = j0; j < j1; ++j) out[o * run + j] = convert<Out>(acc[j - j0]);
+      start += j1 - j0;
+    }
+  });
 }
 
 constexpr DTypeSet kSumTypes = kFloating | kIntegers | bit(b8);
@@ -241,13 +324,21 @@ void reduce_infer(const OpCall& call, OutputSpec& spec) {
 template <template <class> class Policy, DTypeSet Allowed>
 void reduce_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor& t = call.inputs[0];
-  const Blocked b = block_input(t, reduced_axes(call.op.name, t, call.attrs<ReduceAttrs>()));
-  visit_dtype<Allowed>(t.dtype(), [&]<class T>(TypeTag<T>) {
+  const std::vector<int64_t> axes = reduced_axes(call.op.name, t, call.attrs<ReduceAttrs>());
+  // Floats (halves included) keep their dtype; integer and b8 sums widen to i64; max keeps T.
+  auto output = [&]<class T>(TypeTag<T>) {
     using Acc = typename Policy<T>::Acc;
-    // Floats (halves included) keep their dtype; integer and b8 sums widen to i64; max keeps T.
     using Out = std::conditional_t<kFloatElement<T>, T, std::conditional_t<std::is_same_v<Acc, int64_t>, int64_t, T>>;
-    reduce_blocked<Policy<T>, T>(b, static_cast<Out*>(out[0].raw_data()));
-  });
+    return static_cast<Out*>(out[0].raw_data());
+  };
+  if (const std::optional<StridedReduction> plan = plan_strided_reduction(t, axes)) {
+    visit_dtype<Allowed>(t.dtype(), [&]<class T>(TypeTag<T> tag) {
+      reduce_strided<Policy<T>, T>(*plan, static_cast<const T*>(t.raw_data()), output(tag));
+    });
+    return;
+  }
+  const Blocked b = block_input(t, axes);
+  visit_dtype<Allowed>(t.dtype(), [&]<class T>(TypeTag<T> tag) { reduce_blocked<Policy<T>, T>(b, output(tag)); });
 }
 
 void argmax_infer(const OpCall& call, OutputSpec& spec) {
