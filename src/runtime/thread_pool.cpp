@@ -177,22 +177,31 @@ class ThreadPool {
   void worker_loop() {
     pool_worker = true;
     std::unique_lock lock(mutex_);
+    int spin_microseconds = kSpinMicroseconds;
     for (;;) {
       Job* job = nullptr;
       auto has_work = [&] {
         return stopping_ || (running_ < budget_ && ((job = open_job()) != nullptr || !tasks_.empty()));
       };
-      if (!has_work()) {
-        // Poll for new work for a few tens of microseconds before sleeping: eager code posts
-        // parallel_for jobs back to back, and a futex wake-up costs about as much as a chunk.
-        const uint64_t seen = posted_.load(std::memory_order_acquire);
-        lock.unlock();
-        spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; });
-        lock.lock();
+      if (has_work()) {
+        if (stopping_) return;
+        run_one(lock, job);
+        continue;
       }
-      wake_workers_.wait(lock, has_work);
-      if (stopping_) return;
-      run_one(lock, job);
+      // Poll for new work before sleeping: eager code posts parallel_for jobs back to back, and a
+      // futex wake-up costs about as much as a chunk.
+      const uint64_t seen = posted_.load(std::memory_order_acquire);
+      lock.unlock();
+      const bool posted = spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; }, spin_microseconds);
+      lock.lock();
+      if (has_work()) continue;
+      if (!posted) spin_microseconds = kSpinMicroseconds;  // a whole poll without a post: quiet again
+      wake_workers_.wait(lock);  // one sleep; a spurious wake-up only polls again
+      // Woken, but the caller had already run every chunk itself: on a VM the wake-up of an idle
+      // vCPU took 0.1 to over 1 ms (docs/notes19/gemm.md), longer than a split GEMM's half, and a
+      // worker that went straight back to sleep missed every job of a burst the same way. Poll
+      // long enough to catch the caller's next post instead.
+      if (!has_work()) spin_microseconds = kMissSpinMicroseconds;
     }
   }
 
@@ -220,16 +229,19 @@ class ThreadPool {
     --running_;
   }
 
-  // Polls `done` for up to kSpinMicroseconds, pausing between polls.
+  // Polls `done` for up to `microseconds`, pausing between polls; returns whether it became true.
   template <class Done>
-  static void spin_until(Done done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
+  static bool spin_until(Done done, int microseconds = kSpinMicroseconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(microseconds);
     while (!done()) {
       for (int i = 0; i < 16; ++i) _mm_pause();
-      if (std::chrono::steady_clock::now() > deadline) return;
+      if (std::chrono::steady_clock::now() > deadline) return false;
     }
+    return true;
   }
   static constexpr int kSpinMicroseconds = 50;
+  // A worker's poll after a wake-up that found no work left (see worker_loop).
+  static constexpr int kMissSpinMicroseconds = 2000;
 
   std::atomic<uint64_t> posted_{0};  // jobs and tasks posted so far, for spinning workers
   std::mutex mutex_;
