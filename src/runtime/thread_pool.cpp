@@ -177,7 +177,6 @@ class ThreadPool {
   void worker_loop() {
     pool_worker = true;
     std::unique_lock lock(mutex_);
-    int spin_microseconds = kSpinMicroseconds;
     for (;;) {
       Job* job = nullptr;
       auto has_work = [&] {
@@ -188,20 +187,36 @@ class ThreadPool {
         run_one(lock, job);
         continue;
       }
-      // Poll for new work before sleeping: eager code posts parallel_for jobs back to back, and a
-      // futex wake-up costs about as much as a chunk.
+      // Poll for new work before sleeping (worker_poll). Eager code and bursts of split GEMMs post
+      // jobs back to back, and a worker that sleeps pays a wake-up each time: on a VM an idle vCPU
+      // woke in 30 us to over 1 ms, and with the other core busy the kernel woke the worker onto
+      // its caller's core, where the two shared one CPU (docs/notes19/gemm.md).
       const uint64_t seen = posted_.load(std::memory_order_acquire);
       lock.unlock();
-      const bool posted = spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; }, spin_microseconds);
+      worker_poll([&] { return posted_.load(std::memory_order_acquire) != seen; });
       lock.lock();
       if (has_work()) continue;
-      if (!posted) spin_microseconds = kSpinMicroseconds;  // a whole poll without a post: quiet again
       wake_workers_.wait(lock);  // one sleep; a spurious wake-up only polls again
-      // Woken, but the caller had already run every chunk itself: on a VM the wake-up of an idle
-      // vCPU took 0.1 to over 1 ms (docs/notes19/gemm.md), longer than a split GEMM's half, and a
-      // worker that went straight back to sleep missed every job of a burst the same way. Poll
-      // long enough to catch the caller's next post instead.
-      if (!has_work()) spin_microseconds = kMissSpinMicroseconds;
+    }
+  }
+
+  // Polls `done` for kSpinMicroseconds with pauses, then up to kWorkerPollMicroseconds yielding the
+  // core between polls: a yielding poller gives its core to any other runnable thread (its own
+  // caller included, when the kernel put both on one core), yet stays runnable, so the load
+  // balancer keeps it on a core of its own, as OpenBLAS's threads are kept.
+  template <class Done>
+  static void worker_poll(Done done) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto pause_until = start + std::chrono::microseconds(kSpinMicroseconds);
+    const auto deadline = start + std::chrono::microseconds(kWorkerPollMicroseconds);
+    while (!done()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now > deadline) return;
+      if (now < pause_until) {
+        for (int i = 0; i < 16; ++i) _mm_pause();
+      } else {
+        std::this_thread::yield();
+      }
     }
   }
 
@@ -229,19 +244,18 @@ class ThreadPool {
     --running_;
   }
 
-  // Polls `done` for up to `microseconds`, pausing between polls; returns whether it became true.
+  // Polls `done` for up to kSpinMicroseconds, pausing between polls.
   template <class Done>
-  static bool spin_until(Done done, int microseconds = kSpinMicroseconds) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(microseconds);
+  static void spin_until(Done done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
     while (!done()) {
       for (int i = 0; i < 16; ++i) _mm_pause();
-      if (std::chrono::steady_clock::now() > deadline) return false;
+      if (std::chrono::steady_clock::now() > deadline) return;
     }
-    return true;
   }
   static constexpr int kSpinMicroseconds = 50;
-  // A worker's poll after a wake-up that found no work left (see worker_loop).
-  static constexpr int kMissSpinMicroseconds = 2000;
+  // How long an idle worker polls before it sleeps (worker_poll).
+  static constexpr int kWorkerPollMicroseconds = 2000;
 
   std::atomic<uint64_t> posted_{0};  // jobs and tasks posted so far, for spinning workers
   std::mutex mutex_;
