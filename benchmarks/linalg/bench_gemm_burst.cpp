@@ -11,8 +11,11 @@
 //                                          [--shape m k n]...
 #include <cblas.h>
 #include <dirent.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <ctime>
 #include <cstdint>
@@ -69,11 +72,24 @@ std::string thread_cpu_times() {
       std::vector<std::string> f;
       for (std::string x; rest >> x;) f.push_back(x);
       const double ms = f.size() > 12 ? (std::stod(f[11]) + std::stod(f[12])) * 1000.0 / 100.0 : -1;
-      out += fmt::format(" {}:{}={:.0f}ms", e->d_name, name, ms);
+      // Field 39 is the CPU the thread last ran on.
+      out += fmt::format(" {}:{}={:.0f}ms@cpu{}", e->d_name, name, ms, f.size() > 36 ? f[36] : "?");
+      std::ifstream status(dir + "/status");
+      for (std::string l; std::getline(status, l);) {
+        if (l.rfind("Cpus_allowed_list:", 0) == 0) out += "[" + l.substr(l.find_first_not_of(" \t", 18)) + "]";
+      }
     }
     closedir(d);
   }
   return out;
+}
+
+// A thread's time on a CPU and time runnable but waiting for one, in ms (/proc/.../schedstat).
+std::pair<double, double> sched_ms(long tid) {
+  std::ifstream in(fmt::format("/proc/self/task/{}/schedstat", tid));
+  double run = 0, wait = 0;
+  in >> run >> wait;
+  return {run / 1e6, wait / 1e6};
 }
 
 int process_threads() {
@@ -93,6 +109,20 @@ __attribute__((noinline)) double busy(int64_t steps) {
     bench::clobber_memory();
   }
   return x;
+}
+
+// The pool worker's thread id: the thread that runs the second of two busy chunks.
+long pool_worker_tid() {
+  std::atomic<long> tid{0};
+  const long caller = static_cast<long>(syscall(SYS_gettid));
+  for (int attempt = 0; attempt < 100 && tid.load() == 0; ++attempt) {
+    fl::detail::parallel_for(2, 1, [&](int64_t, int64_t) {
+      const long me = static_cast<long>(syscall(SYS_gettid));
+      if (me != caller) tid.store(me);
+      bench::do_not_optimize(busy(200000));
+    });
+  }
+  return tid.load();
 }
 
 struct Peer {
@@ -187,22 +217,43 @@ void wait_until_process_idle() {
   }
 }
 
-// Per-call times (us) of the first calls after the process went quiet: shows whether the second
-// thread took part in each call (about half a call's one-thread time) or missed it.
-void run_calls(const Gemm& g, int trials) {
+// Per-call times (us) of the first calls after the process went quiet, flowlet and threaded OpenBLAS
+// in turn: shows whether the second thread took part in each call (about half a call's one-thread
+// time) or missed it.
+void run_calls(const Gemm& g, int trials, bool verbose_threads) {
   const fl::Tensor a = fl::randn({g.m, g.k}, 1);
   const fl::Tensor b = fl::randn({g.k, g.n}, 2);
   fmt::print("\n-- calls {}x{}x{}: per-call us of the first 10 calls after the process went quiet\n", g.m, g.k, g.n);
   fmt::print("   threads before:{}\n", thread_cpu_times());
+  std::vector<float> c(static_cast<size_t>(g.m * g.n));
+  const int M = static_cast<int>(g.m), N = static_cast<int>(g.n), K = static_cast<int>(g.k);
+  const int budget = fl::detail::thread_budget();
+  const long worker = pool_worker_tid(), caller = static_cast<long>(syscall(SYS_gettid));
+  if (verbose_threads) fmt::print("   pool worker thread {}, caller {}\n", worker, caller);
+  auto openblas = [&] {
+    openblas_set_num_threads(budget);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, a.data<float>(), K, b.data<float>(), N, 0.f,
+                c.data(), N);
+    openblas_set_num_threads(1);
+  };
   for (int t = 0; t < trials; ++t) {
-    wait_until_process_idle();
-    std::string line;
-    for (int i = 0; i < 10; ++i) {
-      const auto s = Clock::now();
-      bench::do_not_optimize(fl::matmul(a, b));
-      line += fmt::format(" {:6.0f}", us_since(s, Clock::now()));
+    for (int who = 0; who < 2; ++who) {  // flowlet, then threaded OpenBLAS, each after the process went quiet
+      wait_until_process_idle();
+      const auto w0 = sched_ms(worker), m0 = sched_ms(caller);
+      std::string line = who == 0 ? "flowlet " : fmt::format("OB {}t   ", budget);
+      for (int i = 0; i < 10; ++i) {
+        const auto s = Clock::now();
+        if (who == 0) bench::do_not_optimize(fl::matmul(a, b));
+        else openblas();
+        line += fmt::format(" {:6.0f}", us_since(s, Clock::now()));
+      }
+      const auto w1 = sched_ms(worker), m1 = sched_ms(caller);
+      if (verbose_threads) {
+        line += fmt::format("   worker run {:5.1f} wait {:5.1f} ms, caller run {:5.1f} wait {:5.1f} ms", w1.first - w0.first,
+                            w1.second - w0.second, m1.first - m0.first, m1.second - m0.second);
+      }
+      fmt::print("  {}\n", line);
     }
-    fmt::print("  {}\n", line);
   }
   fmt::print("   threads after:{}\n", thread_cpu_times());
   std::fflush(stdout);
@@ -287,7 +338,7 @@ int main(int argc, char** argv) {
   int trials = 15, calls = 4;
   double chunk_us = 1000;
   std::vector<Gemm> shapes;
-  bool wake = true, burst = true, calls_trace = false;
+  bool wake = true, burst = true, calls_trace = false, verbose_threads = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--trials" && i + 1 < argc) trials = std::atoi(argv[++i]);
@@ -295,12 +346,13 @@ int main(int argc, char** argv) {
     else if (arg == "--no-wake") wake = false;
     else if (arg == "--no-burst") burst = false;
     else if (arg == "--calls-trace") calls_trace = true;
+    else if (arg == "--threads") verbose_threads = true;
     else if (arg == "--chunk-us" && i + 1 < argc) chunk_us = std::atof(argv[++i]);
     else if (arg == "--shape" && i + 3 < argc) {
       shapes.push_back({std::atoll(argv[i + 1]), std::atoll(argv[i + 2]), std::atoll(argv[i + 3])});
       i += 3;
     } else {
-      fmt::print(stderr, "usage: bench_gemm_burst [--trials N] [--calls N] [--no-wake] [--no-burst] [--calls-trace] [--chunk-us US] [--shape m k n]...\n");
+      fmt::print(stderr, "usage: bench_gemm_burst [--trials N] [--calls N] [--no-wake] [--no-burst] [--calls-trace [--threads]] [--chunk-us US] [--shape m k n]...\n");
       return 2;
     }
   }
@@ -339,6 +391,6 @@ int main(int argc, char** argv) {
   }
   if (wake) run_wake(peers, trials, chunk_us);
   if (burst) for (const Gemm& g : shapes) run_burst(g, peers, trials, calls, budget);
-  if (calls_trace) for (const Gemm& g : shapes) run_calls(g, trials);
+  if (calls_trace) for (const Gemm& g : shapes) run_calls(g, trials, verbose_threads);
   return 0;
 }
