@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gemm_outer.hpp"
 #include "ops/gemm.hpp"
 #include "support/reference.hpp"
 
@@ -350,5 +351,73 @@ TEST_CASE("gemm_into overwrites (beta 0, never reading C) or accumulates (beta 1
       const Host thrice = test::unary_ref(test::matmul_ref(test::host(a), test::host(b)), [](double x) { return 3 * x; });
       CHECK(check_tensor(c, thrice.values, thrice.shape, dt, test::Tolerance{1e-4, 1e-4}));
     }
+  }
+}
+
+// Rank-1 products (k = 1, kernels/gemm_outer.hpp): batch-1 weight gradients x^T @ dh and h^T @ dy.
+// Through matmul (a column of a wider matrix as the left operand, so a steps over rows; big enough
+// to split over the pool) and through gemm_into (beta 0 over NaN, beta 1 accumulating), each
+// element against alpha * a_i * b_j in double.
+TEST_CASE("rank-1 products (k = 1) match the double reference through views, splits and gemm_into") {
+  int compared = 0;
+  uint64_t seed = 700;
+  struct Dims {
+    int64_t m, n;
+  };
+  for (fl::DType dt : {fl::f32, fl::f64}) {
+    CAPTURE(dt);
+    for (const Dims& d : {Dims{784, 256}, Dims{256, 10}, Dims{3, 1000}, Dims{1000, 3}, Dims{2, 2}}) {
+      CAPTURE(d.m);
+      CAPTURE(d.n);
+      const fl::Tensor a = fl::randn(fl::Shape{d.m, 1}, seed++, dt);
+      const fl::Tensor b = fl::randn(fl::Shape{1, d.n}, seed++, dt);
+      compared += check_product(fl::matmul(a, b), a, b) ? 1 : 0;
+      // x^T for a row x, as the weight gradient has it.
+      const fl::Tensor a_t = fl::transpose(fl::reshape(a, fl::Shape{1, d.m}));
+      compared += check_product(fl::matmul(a_t, b), a, b) ? 1 : 0;
+      // Column 1 of a [m, 3] matrix: a steps by 3 elements.
+      const fl::Tensor wide = fl::concat({fl::randn(fl::Shape{d.m, 1}, seed++, dt), a, fl::randn(fl::Shape{d.m, 1}, seed++, dt)}, 1);
+      const fl::Tensor column = fl::slice(wide, 1, 1, 1);
+      compared += check_product(fl::matmul(column, b), a, b) ? 1 : 0;
+      compared += check_product(fl::matmul(test::strided_view(a), test::strided_view(b)), a, b) ? 1 : 0;
+      const Host ab = test::matmul_ref(test::host(a), test::host(b));
+      fl::Tensor c = test::make(std::vector<double>(static_cast<size_t>(d.m * d.n), std::nan("")), fl::Shape{d.m, d.n}, dt);
+      fl::detail::gemm_into(a, b, c, -2.0, 0.0);
+      const Host minus_twice = test::unary_ref(ab, [](double x) { return -2 * x; });
+      compared += check_tensor(c, minus_twice.values, minus_twice.shape, dt, test::Tolerance{1e-6, 1e-6}) ? 1 : 0;
+      fl::detail::gemm_into(a_t, b, c, 3.0, 1.0);  // -2 ab + 3 ab
+      compared += check_tensor(c, ab.values, ab.shape, dt, test::Tolerance{1e-5, 1e-5}) ? 1 : 0;
+    }
+  }
+  CHECK(compared == 2 * 5 * 6);
+}
+
+// The kernel itself, with a strided b (matmul's operands never give it one: BLAS packing takes
+// those first) short enough for its stack buffer and longer than it.
+TEST_CASE("outer_product gathers a strided b and accumulates or overwrites") {
+  for (int64_t n : {7, 513, 1500}) {
+    CAPTURE(n);
+    const int64_t m = 9;
+    std::vector<double> a(static_cast<size_t>(2 * m)), b(static_cast<size_t>(3 * n)), c(static_cast<size_t>(m * n), std::nan(""));
+    for (size_t i = 0; i < a.size(); ++i) a[i] = 0.25 * static_cast<double>(i) - 1;
+    for (size_t j = 0; j < b.size(); ++j) b[j] = 0.5 - 0.125 * static_cast<double>(j % 17);
+    std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end()), cf(c.size(), std::nanf(""));
+    fl::detail::outer_product(m, n, 0.5, a.data(), 2, b.data(), 3, false, c.data());
+    fl::detail::outer_product(m, n, 0.5f, af.data(), 2, bf.data(), 3, false, cf.data());
+    int bad = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const double want = 0.5 * a[static_cast<size_t>(2 * i)] * b[static_cast<size_t>(3 * j)];
+        bad += c[static_cast<size_t>(i * n + j)] != want;  // exact: quarter and eighth steps
+        bad += cf[static_cast<size_t>(i * n + j)] != static_cast<float>(want);
+      }
+    }
+    fl::detail::outer_product(m, n, 1.0, a.data(), 2, b.data(), 3, true, c.data());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        bad += c[static_cast<size_t>(i * n + j)] != 1.5 * a[static_cast<size_t>(2 * i)] * b[static_cast<size_t>(3 * j)];
+      }
+    }
+    CHECK(bad == 0);
   }
 }

@@ -4,14 +4,19 @@
 //   OpenBLAS with one thread, OpenBLAS with its own threads set to the budget, libtorch at::matmul
 //   with the budget as its intra-op threads.
 // Interleaved rounds (each round times every contender once, in a rotating order), medians per call.
-// Threaded OpenBLAS runs last in each round, then the round sleeps 100 ms: its idle threads spin
-// for about 0.1 s after a call, which would slow whichever contender ran next. oneDNN's sgemm on
-// one thread is a contender where the build has it (flowlet uses it for thin f32 pieces).
-//   FLOWLET_NUM_THREADS=2 bench_gemm_shapes [--rounds 9] [--f64] [--train|--squares] [--batch B] [--sample-ms 2]
+// Before each contender's sample the process is left to go quiet (wait_until_process_idle): threaded
+// OpenBLAS's idle threads spin for about 0.11 s after a call and would take the second core from
+// whichever contender ran next. Then the contender runs untimed for --warm-ms (20), so that its
+// threads are awake and placed. --old-pacing restores round 18's way (threaded OpenBLAS last,
+// then 100 ms of sleep; one untimed call) for comparison. oneDNN's sgemm on one thread is a contender where the build has
+// it (flowlet uses it for thin f32 pieces).
+//   FLOWLET_NUM_THREADS=2 bench_gemm_shapes [--rounds 9] [--f64] [--train|--squares] [--batch B] [--only TEXT]
+//                                           [--sample-ms 2] [--warm-ms 20] [--old-pacing]
 #include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -87,6 +92,26 @@ double time_ns(Contender& c) {
   return std::chrono::duration<double, std::nano>(Clock::now() - start).count() / static_cast<double>(c.iterations);
 }
 
+// Sleeps until no thread of this process burns CPU (at most 0.3 s): threaded OpenBLAS's idle
+// threads spin for 2^28 cycles (~0.11 s here) after a call, libtorch's OpenMP threads and flowlet's
+// pool workers for shorter. Called before every contender's sample, so each starts on a quiet
+// process whatever ran before it (docs/notes19/gemm.md: a spinning peer thread on the second core
+// halved the split GEMM of whichever contender came next).
+double process_cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+}
+
+void wait_until_process_idle() {
+  const auto give_up = Clock::now() + std::chrono::milliseconds(300);
+  for (;;) {
+    const double before = process_cpu_ms();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (process_cpu_ms() - before < 0.2 || Clock::now() > give_up) return;
+  }
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t h = v.size() / 2;
@@ -94,7 +119,7 @@ double median(std::vector<double> v) {
 }
 
 template <class T>
-void run_shape(const Shape& s, int rounds, double sample_ms, int budget) {
+void run_shape(const Shape& s, int rounds, double sample_ms, double warm_ms, int budget, bool old_pacing) {
   constexpr bool is_f32 = std::is_same_v<T, float>;
   const fl::DType dtype = is_f32 ? fl::f32 : fl::f64;
   const fl::Tensor a_stored = fl::randn(s.a_t ? fl::Shape{s.k, s.m} : fl::Shape{s.m, s.k}, 1).astype(dtype);
@@ -149,28 +174,44 @@ void run_shape(const Shape& s, int rounds, double sample_ms, int budget) {
 
   // Calibrate each contender so that one sample takes about sample_ms.
   for (Contender& x : all) {
+    if (!old_pacing) wait_until_process_idle();
     x.call();
     x.call();
     x.iterations = 1;
     double ns = time_ns(x);
     x.iterations = std::clamp<int64_t>(static_cast<int64_t>(sample_ms * 1e6 / std::max(ns, 1.0)), 1, 1 << 20);
-    if (x.spins_after) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    if (old_pacing && x.spins_after) std::this_thread::sleep_for(std::chrono::milliseconds(150));
   }
   for (int r = 0; r < rounds; ++r) {
-    // The others in a rotating order, threaded OpenBLAS last (its spinning threads then idle in the sleep).
     std::vector<Contender*> order;
-    for (size_t j = 0; j < all.size(); ++j) {
-      Contender& x = all[(j + static_cast<size_t>(r)) % all.size()];
-      if (!x.spins_after) order.push_back(&x);
-    }
-    for (Contender& x : all) {
-      if (x.spins_after) order.push_back(&x);
+    if (old_pacing) {
+      // Round 18's pacing: the others in a rotating order, threaded OpenBLAS last, then 100 ms of sleep.
+      for (size_t j = 0; j < all.size(); ++j) {
+        Contender& x = all[(j + static_cast<size_t>(r)) % all.size()];
+        if (!x.spins_after) order.push_back(&x);
+      }
+      for (Contender& x : all) {
+        if (x.spins_after) order.push_back(&x);
+      }
+    } else {
+      for (size_t j = 0; j < all.size(); ++j) order.push_back(&all[(j + static_cast<size_t>(r)) % all.size()]);
     }
     for (Contender* contender : order) {
       Contender& x = *contender;
-      x.call();  // one untimed call: caches and pool threads as they are in a training loop
+      if (old_pacing) {
+        x.call();  // one untimed call
+      } else {
+        // From a quiet process, untimed calls for warm_ms (at least one): every contender's threads
+        // wake and the kernel places them, as in a training loop that calls the product every
+        // step. A woken thread can share its caller's core for several ms before the load
+        // balancer moves it (docs/notes19/gemm.md); --warm-ms 0 measures that start.
+        wait_until_process_idle();
+        const auto warm_until = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(warm_ms * 1e3));
+        do x.call();
+        while (Clock::now() < warm_until);
+      }
       x.per_call_ns.push_back(time_ns(x));
-      if (x.spins_after) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (old_pacing && x.spins_after) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.k) * static_cast<double>(s.n);
@@ -200,24 +241,29 @@ void run_shape(const Shape& s, int rounds, double sample_ms, int budget) {
 
 int main(int argc, char** argv) {
   int rounds = 9;
-  double sample_ms = 2;
-  bool f64 = false, train = true, squares = true;
+  double sample_ms = 2, warm_ms = 20;
+  bool f64 = false, train = true, squares = true, old_pacing = false;
   int64_t only_batch = 0;  // --batch B: only that batch's training shapes
+  std::string only_name;   // --only TEXT: only the shapes whose name contains TEXT ("square 512")
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
     else if (arg == "--sample-ms" && i + 1 < argc) sample_ms = std::atof(argv[++i]);
+    else if (arg == "--warm-ms" && i + 1 < argc) warm_ms = std::atof(argv[++i]);
     else if (arg == "--f64") f64 = true;
+    else if (arg == "--old-pacing") old_pacing = true;
     else if (arg == "--train") squares = false;
     else if (arg == "--squares") train = false;
     else if (arg == "--batch" && i + 1 < argc) only_batch = std::atoll(argv[++i]);
+    else if (arg == "--only" && i + 1 < argc) only_name = argv[++i];
     else {
-      fmt::print(stderr, "usage: bench_gemm_shapes [--rounds N] [--sample-ms MS] [--f64] [--train|--squares] [--batch B]\n");
+      fmt::print(stderr, "usage: bench_gemm_shapes [--rounds N] [--sample-ms MS] [--warm-ms MS] [--f64] [--train|--squares] [--batch B] [--only TEXT] [--old-pacing]\n");
       return 2;
     }
   }
   const int budget = thread_budget();
-  fmt::print("bench_gemm_shapes: {} rounds, budget {} threads, {}\n", rounds, budget, f64 ? "f64" : "f32");
+  fmt::print("bench_gemm_shapes: {} rounds, budget {} threads, {}, samples {} ms after {} ms warm-up{}\n", rounds, budget,
+             f64 ? "f64" : "f32", sample_ms, old_pacing ? 0.0 : warm_ms, old_pacing ? " (old pacing)" : "");
   fmt::print("   OPENBLAS_CORETYPE {}  OPENBLAS_L2_SIZE {}\n", bench::env_or_unset("OPENBLAS_CORETYPE"),
              bench::env_or_unset("OPENBLAS_L2_SIZE"));
 #ifdef OPENBLAS_VERSION
@@ -245,8 +291,9 @@ int main(int argc, char** argv) {
   }
   if (squares && only_batch == 0) for (const Shape& s : square_shapes()) shapes.push_back(s);
   for (const Shape& s : shapes) {
-    if (f64) run_shape<double>(s, rounds, sample_ms, budget);
-    else run_shape<float>(s, rounds, sample_ms, budget);
+    if (!only_name.empty() && s.name.find(only_name) == std::string::npos) continue;
+    if (f64) run_shape<double>(s, rounds, sample_ms, warm_ms, budget, old_pacing);
+    else run_shape<float>(s, rounds, sample_ms, warm_ms, budget, old_pacing);
   }
   return 0;
 }

@@ -19,6 +19,7 @@
 #include "runtime/thread_pool.hpp"
 #include "kernels/blas_threads.hpp"
 #include "kernels/elementwise_loop.hpp"
+#include "kernels/gemm_outer.hpp"
 #include "kernels/gemm_thin.hpp"
 #include "ops/gemm.hpp"
 #include "ops/known_ops.hpp"
@@ -126,8 +127,9 @@ void gemm_block(DType dtype, const BlasOperand& pa, const BlasOperand& pb, const
 }
 
 // Vector shapes (a row times a matrix, a matrix times a column, a column times a row) as BLAS-2
-// calls: OpenBLAS's GEMM path for them is 2-3x slower than GEMV/GER, and batch-1 training is made
-// of exactly these (the forward x @ W and the weight gradient x^T @ dy). Returns false otherwise.
+// calls, the last as our own pass (kernels/gemm_outer.hpp): OpenBLAS's GEMM path for them is 2-3x
+// slower than GEMV/GER, and batch-1 training is made of exactly these (the forward x @ W and the
+// weight gradient x^T @ dy). Returns false otherwise.
 bool vector_product(DType dtype, const BlasOperand& pa, const BlasOperand& pb, char* pc, int64_t m, int64_t n,
                     int64_t k, double alpha, double beta) {
   if (m != 1 && n != 1 && k != 1) return false;
@@ -154,16 +156,15 @@ bool vector_product(DType dtype, const BlasOperand& pa, const BlasOperand& pb, c
          pa.leading, pb.base, b_column_step);
     return true;
   }
-  // k == 1: c = alpha * a b^T (+ c), a rank-1 update.
-  if (beta == 0.0) std::memset(pc, 0, static_cast<size_t>(m * n) * dtype_size(dtype));
+  // k == 1: c = alpha * a b^T (+ c), a rank-1 product in one pass over C (kernels/gemm_outer.hpp).
   const int a_column_step = pa.transpose == CblasNoTrans ? pa.leading : 1;
   const int b_row_step = pb.transpose == CblasNoTrans ? 1 : pb.leading;
   if (dtype == f32) {
-    cblas_sger(CblasRowMajor, M, N, static_cast<float>(alpha), reinterpret_cast<const float*>(pa.base), a_column_step,
-               reinterpret_cast<const float*>(pb.base), b_row_step, reinterpret_cast<float*>(pc), N);
+    outer_product(m, n, static_cast<float>(alpha), reinterpret_cast<const float*>(pa.base), a_column_step,
+                  reinterpret_cast<const float*>(pb.base), b_row_step, beta != 0.0, reinterpret_cast<float*>(pc));
   } else {
-    cblas_dger(CblasRowMajor, M, N, alpha, reinterpret_cast<const double*>(pa.base), a_column_step,
-               reinterpret_cast<const double*>(pb.base), b_row_step, reinterpret_cast<double*>(pc), N);
+    outer_product(m, n, alpha, reinterpret_cast<const double*>(pa.base), a_column_step,
+                  reinterpret_cast<const double*>(pb.base), b_row_step, beta != 0.0, reinterpret_cast<double*>(pc));
   }
   return true;
 }
