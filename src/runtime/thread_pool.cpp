@@ -182,17 +182,41 @@ class ThreadPool {
       auto has_work = [&] {
         return stopping_ || (running_ < budget_ && ((job = open_job()) != nullptr || !tasks_.empty()));
       };
-      if (!has_work()) {
-        // Poll for new work for a few tens of microseconds before sleeping: eager code posts
-        // parallel_for jobs back to back, and a futex wake-up costs about as much as a chunk.
-        const uint64_t seen = posted_.load(std::memory_order_acquire);
-        lock.unlock();
-        spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; });
-        lock.lock();
+      if (has_work()) {
+        if (stopping_) return;
+        run_one(lock, job);
+        continue;
       }
-      wake_workers_.wait(lock, has_work);
-      if (stopping_) return;
-      run_one(lock, job);
+      // Poll for new work before sleeping (worker_poll). Eager code and bursts of split GEMMs post
+      // jobs back to back, and a worker that sleeps pays a wake-up each time: on a VM an idle vCPU
+      // woke in 30 us to over 1 ms, and with the other core busy the kernel woke the worker onto
+      // its caller's core, where the two shared one CPU (docs/notes19/gemm.md).
+      const uint64_t seen = posted_.load(std::memory_order_acquire);
+      lock.unlock();
+      worker_poll([&] { return posted_.load(std::memory_order_acquire) != seen; });
+      lock.lock();
+      if (has_work()) continue;
+      wake_workers_.wait(lock);  // one sleep; a spurious wake-up only polls again
+    }
+  }
+
+  // Polls `done` for kSpinMicroseconds with pauses, then up to kWorkerPollMicroseconds yielding the
+  // core between polls: a yielding poller gives its core to any other runnable thread (its own
+  // caller included, when the kernel put both on one core), yet stays runnable, so the load
+  // balancer keeps it on a core of its own, as OpenBLAS's threads are kept.
+  template <class Done>
+  static void worker_poll(Done done) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto pause_until = start + std::chrono::microseconds(kSpinMicroseconds);
+    const auto deadline = start + std::chrono::microseconds(kWorkerPollMicroseconds);
+    while (!done()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now > deadline) return;
+      if (now < pause_until) {
+        for (int i = 0; i < 16; ++i) _mm_pause();
+      } else {
+        std::this_thread::yield();
+      }
     }
   }
 
@@ -230,6 +254,8 @@ class ThreadPool {
     }
   }
   static constexpr int kSpinMicroseconds = 50;
+  // How long an idle worker polls before it sleeps (worker_poll).
+  static constexpr int kWorkerPollMicroseconds = 2000;
 
   std::atomic<uint64_t> posted_{0};  // jobs and tasks posted so far, for spinning workers
   std::mutex mutex_;
