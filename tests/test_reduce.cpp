@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/reference.hpp"
+#include "support/thread_count_child.hpp"
 
 using test::check_op_throws;
 using test::check_tensor;
@@ -231,25 +232,10 @@ TEST_CASE("f32 sums and means are bit-identical whatever the thread count") {
     return;
   }
   const std::string here = reduction_bits();
-  char self[4096] = {};
-  const ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
-  REQUIRE(length > 0);
   for (int threads : {1, 2, 3, 5}) {
     CAPTURE(threads);
-    const std::string command = fmt::format(
-        "FLOWLET_TEST_REDUCE_BITS=1 FLOWLET_NUM_THREADS={} FLOWLET_INTRA_OP_THREADS={} '{}' "
-        "--test-case='f32 sums and means are bit-identical*' 2>&1",
-        threads, threads, self);
-    FILE* child = popen(command.c_str(), "r");
-    REQUIRE(child != nullptr);
-    std::string output;
-    char buffer[4096];
-    while (std::fgets(buffer, sizeof buffer, child) != nullptr) output += buffer;
-    CHECK(pclose(child) == 0);
-    const size_t at = output.find("BITS ");
-    REQUIRE(at != std::string::npos);
-    const std::string bits = output.substr(at + 5, output.find('\n', at) - at - 5);
-    CHECK(bits == here);
+    CHECK(flowlet_test::bits_from_child("FLOWLET_TEST_REDUCE_BITS",
+                                        "f32 sums and means are bit-identical*", threads) == here);
   }
 }
 
