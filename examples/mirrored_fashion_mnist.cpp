@@ -254,10 +254,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nmirrored_fashion_mnist: %s\n", examples::without_program("mirrored_fashion_mnist", e.what()));
-    return 1;
-  }
+  return examples::run_reporting_errors("mirrored_fashion_mnist", [&] { return run(parse(argc, argv)); });
 }

@@ -419,10 +419,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nps_embedding: %s\n", examples::without_program("ps_embedding", e.what()));
-    return 1;
-  }
+  return examples::run_reporting_errors("ps_embedding", [&] { return run(parse(argc, argv)); });
 }

@@ -307,11 +307,8 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  return examples::run_reporting_errors("ps_fashion_mnist", [&] {
     const Options options = parse(argc, argv);
     return run(options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nps_fashion_mnist: %s\n", examples::without_program("ps_fashion_mnist", e.what()));
-    return 1;
-  }
+  });
 }

@@ -311,10 +311,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "timeline: %s\n", examples::without_program("timeline", e.what()));
-    return 1;
-  }
+  return examples::run_reporting_errors("timeline", [&] { return run(parse(argc, argv)); }, /*progress_bar=*/false);
 }
