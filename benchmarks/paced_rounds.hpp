@@ -41,6 +41,7 @@ struct Pacing {
   int rounds = 12;         // a multiple of round_order_cycle(contenders) balances the orders
   double warm_ms = 20;     // untimed calls before each sample
   double sample_ms = 30;   // one timed sample lasts about this long
+  bool quiet = true;       // false: no wait before a sample (to see what the pacing removes)
 };
 
 struct PacedContender {
@@ -119,13 +120,13 @@ inline void run_paced_rounds(std::vector<PacedContender>& all, const Pacing& pac
     PacedContender* previous = nullptr;
     for (size_t index : round_order(all.size(), round)) {
       PacedContender& c = all[index];
-      const double waited = wait_until_quiet();
-      if (previous) previous->quiet_wait_ms.push_back(waited);
+      const double waited = pacing.quiet ? wait_until_quiet() : 0.0;
+      if (previous && pacing.quiet) previous->quiet_wait_ms.push_back(waited);
       warm(c);
       c.per_call_ns.push_back(sample_ns(c));
       previous = &c;
     }
-    if (previous) previous->quiet_wait_ms.push_back(wait_until_quiet());
+    if (previous && pacing.quiet) previous->quiet_wait_ms.push_back(wait_until_quiet());
   }
 }
 

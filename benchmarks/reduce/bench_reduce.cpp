@@ -10,6 +10,7 @@
 // and the accuracy of each answer on 0.1f values (exact: 1677721.6).
 // libtorch gets flowlet's thread count (FLOWLET_NUM_THREADS); its OpenMP settings stay the user's.
 //   FLOWLET_NUM_THREADS=2 bench_reduce [--rounds 12] [--warm-ms 20] [--sample-ms 30] [--rounds-only]
+//                                      [--no-quiet]   (no quiet wait: what the pacing removes)
 // GCC 12's AVX-512 intrinsics use a self-initialized "undefined" vector that trips -Wuninitialized
 // inside the header itself (GCC PR 105593); silence it for that header only.
 #pragma GCC diagnostic push
@@ -205,9 +206,10 @@ void interleaved_rounds(const fl::Tensor& t, const bench::Pacing& pacing) {
                      [&] { bench::do_not_optimize(plain_sum_on_pool(p, count, 16 * threads)); });
   }
   fmt::print("\n-- sum and mean of 16M f32, paced interleaved rounds (the figure for the target)\n");
-  fmt::print("   {} rounds, balanced order; before each sample: process quiet, then {} ms of untimed calls; samples "
+  fmt::print("   {} rounds, balanced order; before each sample: {}{} ms of untimed calls; samples "
              "~{} ms; flowlet {} threads, libtorch {}; load average {}\n",
-             pacing.rounds, pacing.warm_ms, pacing.sample_ms, threads,
+             pacing.rounds, pacing.quiet ? "process quiet, then " : "NO quiet wait (--no-quiet), ", pacing.warm_ms,
+             pacing.sample_ms, threads,
 #ifdef FLOWLET_BENCH_HAVE_TORCH
              at::get_num_threads(),
 #else
@@ -216,7 +218,9 @@ void interleaved_rounds(const fl::Tensor& t, const bench::Pacing& pacing) {
              bench::load_average());
   fmt::print("   {} (GOMP_SPINCOUNT {}, OMP_WAIT_POLICY {})\n", "peer settings as users get them",
              bench::env_or_unset("GOMP_SPINCOUNT"), bench::env_or_unset("OMP_WAIT_POLICY"));
-  // How long each contender's threads go on using CPU after one call (what pacing waits out).
+  // How long each contender's threads go on using CPU after one call from a quiet process, and
+  // (last column) the median time the process took to go quiet after its timed sample (2 ms steps):
+  // what the pacing waits out.
   std::vector<double> busy_after;
   for (bench::PacedContender& c : all) {
     std::vector<double> busy;
@@ -225,15 +229,15 @@ void interleaved_rounds(const fl::Tensor& t, const bench::Pacing& pacing) {
   }
   bench::run_paced_rounds(all, pacing);
   auto gbs = [](double ns) { return ns > 0 ? bytes_per_call / ns : 0.0; };
-  fmt::print("   {:<30} {:>10} {:>18} {:>14} {:>20}\n", "contender", "GB/s", "[p10, p90]", "ms per call",
-             "busy after a call");
+  fmt::print("   {:<30} {:>10} {:>18} {:>14} {:>20} {:>18}\n", "contender", "GB/s", "[p10, p90]", "ms per call",
+             "busy after 1 call", "after its sample");
   for (size_t i = 0; i < all.size(); ++i) {
     std::vector<double> rates;
     for (double ns : all[i].per_call_ns) rates.push_back(gbs(ns));
     std::sort(rates.begin(), rates.end());
-    fmt::print("   {:<30} {:>10.2f}   [{:>5.2f}, {:>5.2f}] {:>14.3f} {:>17.1f} ms\n", all[i].name,
+    fmt::print("   {:<30} {:>10.2f}   [{:>5.2f}, {:>5.2f}] {:>14.3f} {:>17.1f} ms {:>15.1f} ms\n", all[i].name,
                gbs(all[i].median_ns()), bench::detail::percentile(rates, 0.1), bench::detail::percentile(rates, 0.9),
-               all[i].median_ns() / 1e6, busy_after[i]);
+               all[i].median_ns() / 1e6, busy_after[i], bench::PacedContender::median_of(all[i].quiet_wait_ms));
   }
 #ifdef FLOWLET_BENCH_HAVE_TORCH
   auto ratio_line = [&](const bench::PacedContender& ours, const bench::PacedContender& peer, const char* what) {
@@ -386,8 +390,9 @@ int main(int argc, char** argv) {
     else if (arg == "--warm-ms" && i + 1 < argc) options.pacing.warm_ms = std::atof(argv[++i]);
     else if (arg == "--sample-ms" && i + 1 < argc) options.pacing.sample_ms = std::atof(argv[++i]);
     else if (arg == "--rounds-only") options.rounds_only = true;
+    else if (arg == "--no-quiet") options.pacing.quiet = false;
     else {
-      fmt::print(stderr, "usage: bench_reduce [--rounds N] [--warm-ms MS] [--sample-ms MS] [--rounds-only]\n");
+      fmt::print(stderr, "usage: bench_reduce [--rounds N] [--warm-ms MS] [--sample-ms MS] [--rounds-only] [--no-quiet]\n");
       return 2;
     }
   }
