@@ -9,7 +9,7 @@
 // means, batch norm's axes 0, 2, 3 of NCHW, max, argmax) beside libtorch, to catch regressions,
 // and the accuracy of each answer on 0.1f values (exact: 1677721.6).
 // libtorch gets flowlet's thread count (FLOWLET_NUM_THREADS); its OpenMP settings stay the user's.
-//   FLOWLET_NUM_THREADS=2 bench_reduce [--rounds 12] [--warm-ms 20] [--sample-ms 30] [--rounds-only]
+//   FLOWLET_NUM_THREADS=2 bench_reduce [--rounds 24] [--warm-ms 20] [--sample-ms 30] [--rounds-only]
 //                                      [--no-quiet]   (no quiet wait: what the pacing removes)
 // GCC 12's AVX-512 intrinsics use a self-initialized "undefined" vector that trips -Wuninitialized
 // inside the header itself (GCC PR 105593); silence it for that header only.
@@ -189,7 +189,7 @@ void python_torch_figures(int threads) {
 // loops, in paced interleaved rounds (benchmarks/paced_rounds.hpp: before every sample the process
 // goes quiet, then the contender warms up on its own). Per-round ratios flowlet / libtorch, median
 // and range.
-void interleaved_rounds(const fl::Tensor& t, const bench::Pacing& pacing) {
+void interleaved_rounds(const fl::Tensor& t, bench::Pacing pacing) {
   const float* p = t.data<float>();
   const int threads = fl::detail::intra_op_threads();
   std::vector<bench::PacedContender> all;
@@ -204,6 +204,10 @@ void interleaved_rounds(const fl::Tensor& t, const bench::Pacing& pacing) {
   if (threads > 1) {
     all.emplace_back(fmt::format("C++ loop, {} threads (pool)", threads),
                      [&] { bench::do_not_optimize(plain_sum_on_pool(p, count, 16 * threads)); });
+  }
+  if (pacing.rounds <= 0) {  // default: whole cycles of the balanced order, at least 20 rounds
+    const int cycle = static_cast<int>(bench::round_order_cycle(all.size()));
+    pacing.rounds = cycle * ((20 + cycle - 1) / cycle);
   }
   fmt::print("\n-- sum and mean of 16M f32, paced interleaved rounds (the figure for the target)\n");
   fmt::print("   {} rounds, balanced order; before each sample: {}{} ms of untimed calls; samples "
@@ -308,7 +312,7 @@ void other_reductions() {
 
 // Which parts run: everything (the default), or only the paced rounds (--rounds-only).
 struct Options {
-  bench::Pacing pacing;
+  bench::Pacing pacing{.rounds = 0};  // 0: whole cycles of the balanced order, at least 20 rounds
   bool rounds_only = false;
 };
 
@@ -386,7 +390,7 @@ int main(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--rounds" && i + 1 < argc) options.pacing.rounds = std::max(1, std::atoi(argv[++i]));
+    if (arg == "--rounds" && i + 1 < argc) options.pacing.rounds = std::max(1, std::atoi(argv[++i]));  // else 20-24
     else if (arg == "--warm-ms" && i + 1 < argc) options.pacing.warm_ms = std::atof(argv[++i]);
     else if (arg == "--sample-ms" && i + 1 < argc) options.pacing.sample_ms = std::atof(argv[++i]);
     else if (arg == "--rounds-only") options.rounds_only = true;

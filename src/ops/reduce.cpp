@@ -143,7 +143,7 @@ typename P::Acc reduce_run(const T* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) total = P::step(total, x[i]);
     return total;
   } else if constexpr (std::is_same_v<T, float> && std::is_same_v<P, SumPolicy<float>>) {
-    return sum_f32_run(x, n);  // f32 pairs, f64 lanes: half the conversions, same accuracy class
+    return sum_f32_run(x, n);  // f32 trees of 16 per lane over four streams, then f64 lanes
   } else if constexpr (std::is_same_v<T, float> && std::is_same_v<P, MaxPolicy<float>>) {
     return max_f32_run(x, n);  // branch-free lanes
   } else {  // floating: independent lanes (vectorizable, and accurate with f64 accumulators)
