@@ -203,7 +203,7 @@ void interleaved_rounds(const fl::Tensor& t, bench::Pacing pacing) {
   all.emplace_back("C++ loop, 1 thread", [&] { bench::do_not_optimize(plain_sum(p, count)); });
   if (threads > 1) {
     all.emplace_back(fmt::format("C++ loop, {} threads (pool)", threads),
-                     [&] { bench::do_not_optimize(plain_sum_on_pool(p, count, 16 * threads)); });
+                     [&] { bench::do_not_optimize(plain_sum_on_pool(p, count, 64 * threads)); });
   }
   if (pacing.rounds <= 0) {  // default: whole cycles of the balanced order, at least 20 rounds
     const int cycle = static_cast<int>(bench::round_order_cycle(all.size()));
