@@ -1,9 +1,9 @@
-// Interleaved rounds for contenders whose threads keep running after they return (libtorch's
-// OpenMP worker spins on after its calls with libgomp's default wait policy; flowlet's idle pool
-// workers poll 2 ms; threaded OpenBLAS spins ~0.1 s). Whatever one contender leaves spinning takes
-// the second core from whichever runs next, so a plain alternation hands one contender's spin to
-// the other (docs/notes19/reduce.md: flowlet's interleaved sum fell to 0.81 of libtorch's while its
-// own section stayed at 0.95). Here, before every contender's sample:
+// Interleaved rounds for contenders whose threads may keep running after they return (flowlet's
+// idle pool workers poll 2 ms; threaded OpenBLAS spins ~0.1 s; libtorch's OpenMP worker may spin
+// under libgomp's default wait policy, though bench_reduce measured it quiet within 0.5 ms here).
+// Whatever one contender leaves spinning takes the second core from whichever runs next, so a
+// plain alternation can hand one contender's spin to the other (docs/notes19/reduce.md suspected
+// this for flowlet's interleaved 0.81 against its own section's 0.95). Before every sample:
 //   1. the process is left to go quiet: sleep in 2 ms steps until no thread of it burned more than
 //      0.2 ms of CPU in a step (at most 300 ms; the wait is recorded per contender, as what the one
 //      before it left running);
