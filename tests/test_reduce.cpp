@@ -270,6 +270,39 @@ TEST_CASE("full reductions are exact at every length from 0 to 130, vector tails
 }
 
 
+TEST_CASE("f32 sums count every element once around the four-stream split of a run") {
+  // sum_f32_run reads the first 4 * floor(n / 256) * 64 elements as four streams (quarters), then
+  // a pair of trees, a tree, vectors and elements. One marker value at each position in turn, in
+  // zeros, must sum to exactly the marker: an element skipped or read twice by a stream, or by the
+  // rest, changes the total. Lengths at and around the stream boundaries, a chunk (32768) and past it.
+  int compared = 0;
+  for (int64_t n : {255, 256, 257, 319, 320, 383, 384, 447, 448, 511, 512, 513, 700, 1023, 1024, 1031, 32768, 32769 + 255}) {
+    CAPTURE(n);
+    std::vector<float> v(static_cast<size_t>(n), 0.0f);
+    bool all_exact = true;
+    for (int64_t p = 0; p < n; ++p) {
+      v[static_cast<size_t>(p)] = 3.0f;
+      if (n <= 1031 || p % 97 == 0 || p >= n - 300) {  // every position of the short runs
+        const float got = fl::sum(fl::tensor(v, fl::Shape{n})).item<float>();
+        if (got != 3.0f) {
+          all_exact = false;
+          CAPTURE(p);
+          CHECK(got == 3.0f);
+        }
+        ++compared;
+      }
+      v[static_cast<size_t>(p)] = 0.0f;
+    }
+    CHECK(all_exact);
+    // Small integers everywhere (exact in every f32 tree): the total is exact, rounded once.
+    for (int64_t p = 0; p < n; ++p) v[static_cast<size_t>(p)] = static_cast<float>(p % 1024 + 1);
+    double exact = 0;
+    for (float x : v) exact += static_cast<double>(x);
+    CHECK(static_cast<double>(fl::sum(fl::tensor(v, fl::Shape{n})).item<float>()) == static_cast<float>(exact));
+  }
+  CHECK(compared > 8000);
+}
+
 TEST_CASE("sum, mean and max match the f64 reference over every axis list, keepdims both ways") {
   int compared = 0;
   uint64_t seed = 1;

@@ -1,9 +1,16 @@
-// Full reduction: sum over 16M f32. flowlet sum(t) against a hand-vectorized single-thread loop
-// (AVX-512, or AVX2 where the CPU lacks it; target >= 90 % of it) and libtorch at::sum (issue 18:
-// >= 1.0x its GB/s, measured also in interleaved rounds), plus the accuracy of each answer on 0.1f
-// values (exact: 1677721.6; target relative error <= 1e-7). Then the other reductions models use
-// (short and long rows, column means, batch norm's axes 0, 2, 3 of NCHW, max, argmax) beside
-// libtorch, to catch regressions. FLOWLET_NUM_THREADS=1 gives libtorch one thread too.
+// Full reduction: sum and mean over 16M f32 (issue 18 goal 5: flowlet >= 1.0x libtorch's GB/s in
+// the same run, relative error <= 1e-7). The deciding figure is the paced interleaved rounds
+// (benchmarks/paced_rounds.hpp): flowlet sum and mean, libtorch at::sum and at::mean, and a plain
+// C++ loop as the bandwidth floor on one thread and on the thread budget through flowlet's pool;
+// before every sample the process goes quiet (libtorch's OpenMP worker spins on after its calls)
+// and the contender warms up alone; per-round ratios, medians. Each contender's own section comes
+// first (flowlet, hand-vectorized 1-thread loops with f32 and f64 accumulators: target >= 90 % of
+// the f32 one, libtorch), then the other reductions models use (short and long rows, column
+// means, batch norm's axes 0, 2, 3 of NCHW, max, argmax) beside libtorch, to catch regressions,
+// and the accuracy of each answer on 0.1f values (exact: 1677721.6).
+// libtorch gets flowlet's thread count (FLOWLET_NUM_THREADS); its OpenMP settings stay the user's.
+//   FLOWLET_NUM_THREADS=2 bench_reduce [--rounds 24] [--warm-ms 20] [--sample-ms 30] [--rounds-only]
+//                                      [--no-quiet]   (no quiet wait: what the pacing removes)
 // GCC 12's AVX-512 intrinsics use a self-initialized "undefined" vector that trips -Wuninitialized
 // inside the header itself (GCC PR 105593); silence it for that header only.
 #pragma GCC diagnostic push
@@ -15,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -24,7 +32,9 @@
 #include <flowlet/flowlet.hpp>
 
 #include "../harness.hpp"
+#include "../paced_rounds.hpp"
 #include "../torch_peer.hpp"
+#include "runtime/thread_pool.hpp"
 
 namespace fl = flowlet;
 namespace bench = flowlet_bench;
@@ -117,48 +127,139 @@ void print_accuracy(const std::string& name, double value, bool with_target = fa
              value, error, std::fabs(value - exact_input_sum) / exact_input_sum, target);
 }
 
-#ifdef FLOWLET_BENCH_HAVE_TORCH
-// flowlet sum and at::sum in alternating rounds (which one goes first alternates too), each round
-// one batch of calls per contender: on a shared machine a load change then hits both alike, and
-// the median of the per-round ratios is the figure to compare with the target (>= 1.0).
-void interleaved_against_torch(const fl::Tensor& t, const at::Tensor& tt) {
-  constexpr int kRounds = 15, kCalls = 4;
-  auto batch_seconds = [&](auto&& body) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < kCalls; ++i) body();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kCalls;
-  };
-  auto ours = [&] { bench::do_not_optimize(fl::sum(t)); };
-  auto torch = [&] { bench::do_not_optimize(at::sum(tt)); };
-  ours();
-  torch();
-  std::vector<double> ours_gbs, torch_gbs, ratios;
-  for (int round = 0; round < kRounds; ++round) {
-    double a = 0, b = 0;
-    if (round % 2 == 0) {
-      a = batch_seconds(ours);
-      b = batch_seconds(torch);
-    } else {
-      b = batch_seconds(torch);
-      a = batch_seconds(ours);
-    }
-    ours_gbs.push_back(bytes_per_call / a / 1e9);
-    torch_gbs.push_back(bytes_per_call / b / 1e9);
-    ratios.push_back(b / a);  // flowlet GB/s over libtorch GB/s
+// The bandwidth floor: a plain C++ loop of 16 independent f32 lanes (GCC -O3 vectorizes it into
+// two vector registers), no intrinsics, no f64. What reading 64 MiB costs one thread here.
+float plain_sum(const float* p, int64_t n) {
+  float lanes[16] = {};
+  const int64_t main_end = n - n % 16;
+  for (int64_t i = 0; i < main_end; i += 16) {
+    for (int j = 0; j < 16; ++j) lanes[j] += p[i + j];
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  fmt::print("\n-- sum 16M f32, interleaved: {} rounds of {} calls each, alternating which goes first\n", kRounds, kCalls);
-  fmt::print("   flowlet sum(t) median {:.2f} GB/s, libtorch at::sum median {:.2f} GB/s\n", median(ours_gbs),
-             median(torch_gbs));
-  const double ratio = median(ratios);
-  fmt::print("   median per-round ratio flowlet / libtorch {:.2f} (range {:.2f} .. {:.2f}; target >= 1.0: {})\n", ratio,
-             *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()),
-             ratio >= 1.0 ? "met" : "MISSED");
+  float total = 0;
+  for (float lane : lanes) total += lane;
+  for (int64_t i = main_end; i < n; ++i) total += p[i];
+  return total;
 }
+
+// The same loop over `pieces` equal pieces claimed through flowlet's pool (run_chunks, as sum
+// does), partials added in f64: the floor for the thread budget.
+double plain_sum_on_pool(const float* p, int64_t n, int64_t pieces) {
+  std::vector<double> partial(static_cast<size_t>(pieces));
+  auto piece = [&](int64_t k) {
+    const int64_t begin = n * k / pieces, end = n * (k + 1) / pieces;
+    partial[static_cast<size_t>(k)] = plain_sum(p + begin, end - begin);
+  };
+  fl::detail::run_chunks(pieces, fl::detail::FunctionRef<void(int64_t)>(piece));
+  double total = 0;
+  for (double x : partial) total += x;
+  return total;
+}
+
+// PyTorch from Python (benchmarks/reduce/torch_sum.py, same thread count, paced the same way) when
+// FLOWLET_TORCH_PYTHON names an interpreter with torch; a separate process after ours, so for
+// information beside the interleaved figures.
+void python_torch_figures(int threads) {
+  const char* python = std::getenv("FLOWLET_TORCH_PYTHON");
+  if (python == nullptr) {
+    fmt::print("   PyTorch (Python): not run (set FLOWLET_TORCH_PYTHON to an interpreter with torch)\n");
+    return;
+  }
+  const std::string command = fmt::format("'{}' '{}/benchmarks/reduce/torch_sum.py' --threads {} 2>&1", python,
+                                          FLOWLET_BENCH_SOURCE_DIR, threads);
+  std::FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    fmt::print("   PyTorch (Python): could not start {}\n", python);
+    return;
+  }
+  char line[512];
+  while (std::fgets(line, sizeof line, pipe) != nullptr) {
+    char op[16] = {}, version[64] = {};
+    double gbs = 0, p10 = 0, p90 = 0;
+    if (std::sscanf(line, "%15s %lf %lf %lf %63s", op, &gbs, &p10, &p90, version) == 5) {
+      fmt::print("   {:<30} {:>10.2f}   [{:>5.2f}, {:>5.2f}]   (PyTorch {} from Python, {} threads, own process)\n",
+                 fmt::format("torch.{}", op), gbs, p10, p90, version, threads);
+    } else {
+      fmt::print("   PyTorch (Python): {}", line);
+    }
+  }
+  pclose(pipe);
+}
+
+// The figure that decides issue 18 goal 5: flowlet sum and mean against libtorch's, with the floor
+// loops, in paced interleaved rounds (benchmarks/paced_rounds.hpp: before every sample the process
+// goes quiet, then the contender warms up on its own). Per-round ratios flowlet / libtorch, median
+// and range.
+void interleaved_rounds(const fl::Tensor& t, bench::Pacing pacing) {
+  const float* p = t.data<float>();
+  const int threads = fl::detail::intra_op_threads();
+  std::vector<bench::PacedContender> all;
+  all.emplace_back("flowlet sum(t)", [&] { bench::do_not_optimize(fl::sum(t)); });
+  all.emplace_back("flowlet mean(t)", [&] { bench::do_not_optimize(fl::mean(t)); });
+#ifdef FLOWLET_BENCH_HAVE_TORCH
+  at::Tensor tt = at::from_blob(const_cast<float*>(p), {count}, at::kFloat);  // the same memory
+  all.emplace_back("libtorch at::sum", [&] { bench::do_not_optimize(at::sum(tt)); });
+  all.emplace_back("libtorch at::mean", [&] { bench::do_not_optimize(at::mean(tt)); });
 #endif
+  all.emplace_back("C++ loop, 1 thread", [&] { bench::do_not_optimize(plain_sum(p, count)); });
+  if (threads > 1) {
+    all.emplace_back(fmt::format("C++ loop, {} threads (pool)", threads),
+                     [&] { bench::do_not_optimize(plain_sum_on_pool(p, count, 64 * threads)); });
+  }
+  if (pacing.rounds <= 0) {  // default: whole cycles of the balanced order, at least 20 rounds
+    const int cycle = static_cast<int>(bench::round_order_cycle(all.size()));
+    pacing.rounds = cycle * ((20 + cycle - 1) / cycle);
+  }
+  fmt::print("\n-- sum and mean of 16M f32, paced interleaved rounds (the figure for the target)\n");
+  fmt::print("   {} rounds, balanced order; before each sample: {}{} ms of untimed calls; samples "
+             "~{} ms; flowlet {} threads, libtorch {}; load average {}\n",
+             pacing.rounds, pacing.quiet ? "process quiet, then " : "NO quiet wait (--no-quiet), ", pacing.warm_ms,
+             pacing.sample_ms, threads,
+#ifdef FLOWLET_BENCH_HAVE_TORCH
+             at::get_num_threads(),
+#else
+             "n/a",
+#endif
+             bench::load_average());
+  fmt::print("   {} (GOMP_SPINCOUNT {}, OMP_WAIT_POLICY {})\n", "peer settings as users get them",
+             bench::env_or_unset("GOMP_SPINCOUNT"), bench::env_or_unset("OMP_WAIT_POLICY"));
+  // How long each contender's threads go on using CPU after one call from a quiet process, and
+  // (last column) the median time the process took to go quiet after its timed sample (2 ms steps):
+  // what the pacing waits out.
+  std::vector<double> busy_after;
+  for (bench::PacedContender& c : all) {
+    std::vector<double> busy;
+    for (int i = 0; i < 5; ++i) busy.push_back(bench::busy_after_call_ms(c.call));
+    busy_after.push_back(bench::PacedContender::median_of(busy));
+  }
+  bench::run_paced_rounds(all, pacing);
+  auto gbs = [](double ns) { return ns > 0 ? bytes_per_call / ns : 0.0; };
+  fmt::print("   {:<30} {:>10} {:>18} {:>14} {:>20} {:>18}\n", "contender", "GB/s", "[p10, p90]", "ms per call",
+             "busy after 1 call", "after its sample");
+  for (size_t i = 0; i < all.size(); ++i) {
+    std::vector<double> rates;
+    for (double ns : all[i].per_call_ns) rates.push_back(gbs(ns));
+    std::sort(rates.begin(), rates.end());
+    fmt::print("   {:<30} {:>10.2f}   [{:>5.2f}, {:>5.2f}] {:>14.3f} {:>17.1f} ms {:>15.1f} ms\n", all[i].name,
+               gbs(all[i].median_ns()), bench::detail::percentile(rates, 0.1), bench::detail::percentile(rates, 0.9),
+               all[i].median_ns() / 1e6, busy_after[i], bench::PacedContender::median_of(all[i].quiet_wait_ms));
+  }
+#ifdef FLOWLET_BENCH_HAVE_TORCH
+  auto ratio_line = [&](const bench::PacedContender& ours, const bench::PacedContender& peer, const char* what) {
+    std::vector<double> ratios;
+    for (size_t r = 0; r < ours.per_call_ns.size(); ++r) ratios.push_back(peer.per_call_ns[r] / ours.per_call_ns[r]);
+    const double ratio = bench::PacedContender::median_of(ratios);
+    fmt::print("   {:<5} flowlet / libtorch GB/s: median per-round ratio {:.2f} (range {:.2f} .. {:.2f}; ratio of "
+               "medians {:.2f}; target >= 1.0: {})\n",
+               what, ratio, *std::min_element(ratios.begin(), ratios.end()),
+               *std::max_element(ratios.begin(), ratios.end()), peer.median_ns() / ours.median_ns(),
+               ratio >= 1.0 ? "met" : "MISSED");
+  };
+  ratio_line(all[0], all[2], "sum");
+  ratio_line(all[1], all[3], "mean");
+#endif
+  python_torch_figures(threads);
+  fmt::print("   load average after the rounds {}\n", bench::load_average());
+}
 
 // The reductions models use besides full sums, for regressions: short rows (softmax over 10
 // classes), rows of a hidden layer, column means (batch norm over the batch), max and argmax.
@@ -209,12 +310,21 @@ void other_reductions() {
   }
 }
 
-void run_all() {
+// Which parts run: everything (the default), or only the paced rounds (--rounds-only).
+struct Options {
+  bench::Pacing pacing{.rounds = 0};  // 0: whole cycles of the balanced order, at least 20 rounds
+  bool rounds_only = false;
+};
+
+void run_all(const Options& options) {
+  fl::Tensor t = fl::full(fl::Shape{count}, 0.1, fl::f32);
+  if (options.rounds_only) {
+    interleaved_rounds(t, options.pacing);
+    return;
+  }
   const bool avx512 = __builtin_cpu_supports("avx512f");
   const bool avx2 = __builtin_cpu_supports("avx2");
   fmt::print("   hand loops use {}\n", avx512 ? "AVX-512" : avx2 ? "AVX2" : "plain C++ (no AVX2 on this CPU)");
-
-  fl::Tensor t = fl::full(fl::Shape{count}, 0.1, fl::f32);
   const float* p = t.data<float>();
   auto hand_f32 = [&](const float* data, int64_t n) -> double {
     if (avx512) return sum_avx512(data, n);
@@ -244,7 +354,6 @@ void run_all() {
     bench::do_not_optimize(total);
   });
 #ifdef FLOWLET_BENCH_HAVE_TORCH
-  at::NoGradGuard no_grad;
   at::Tensor tt = at::from_blob(const_cast<float*>(p), {count}, at::kFloat);  // the same memory
   bench::Result torch = section.run("libtorch at::sum", [&] { bench::do_not_optimize(at::sum(tt)); });
 #else
@@ -254,15 +363,14 @@ void run_all() {
   section.compare(ours, loop64, std::nullopt);
   section.compare(ours, torch, std::nullopt);
 
-#ifdef FLOWLET_BENCH_HAVE_TORCH
-  interleaved_against_torch(t, tt);
-#endif
+  interleaved_rounds(t, options.pacing);
   other_reductions();
 
   fmt::print("\n-- accuracy: sum of 16M x 0.1f (exact 1677721.6; the f32 inputs 0.1f sum to exactly {:.3f})\n",
              exact_input_sum);
   try {
     print_accuracy("flowlet sum(t)", fl::sum(t).item<float>(), /*with_target=*/true);
+    print_accuracy("flowlet mean(t) x 16M", static_cast<double>(fl::mean(t).item<float>()) * count, true);
   } catch (const std::exception& error) {
     fmt::print("   flowlet sum(t) failed: {}\n", error.what());
   }
@@ -270,6 +378,7 @@ void run_all() {
   print_accuracy(isa + " loop f64 acc", hand_f64(p, count));
 #ifdef FLOWLET_BENCH_HAVE_TORCH
   print_accuracy("libtorch at::sum", at::sum(tt).item<float>());
+  print_accuracy("libtorch at::mean x 16M", static_cast<double>(at::mean(tt).item<float>()) * count);
 #else
   fmt::print("   libtorch: not available\n");
 #endif
@@ -277,13 +386,25 @@ void run_all() {
 
 }  // namespace
 
-int main() {
-  // With FLOWLET_NUM_THREADS=1 libtorch gets one thread too: on a busy machine (libtorch's OpenMP
-  // threads spin under load) one thread each is the steadier comparison.
-  const char* threads = std::getenv("FLOWLET_NUM_THREADS");
-  const bool one_thread = threads != nullptr && std::string(threads) == "1";
+int main(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--rounds" && i + 1 < argc) options.pacing.rounds = std::max(1, std::atoi(argv[++i]));  // else 20-24
+    else if (arg == "--warm-ms" && i + 1 < argc) options.pacing.warm_ms = std::atof(argv[++i]);
+    else if (arg == "--sample-ms" && i + 1 < argc) options.pacing.sample_ms = std::atof(argv[++i]);
+    else if (arg == "--rounds-only") options.rounds_only = true;
+    else if (arg == "--no-quiet") options.pacing.quiet = false;
+    else {
+      fmt::print(stderr, "usage: bench_reduce [--rounds N] [--warm-ms MS] [--sample-ms MS] [--rounds-only] [--no-quiet]\n");
+      return 2;
+    }
+  }
+  // libtorch gets flowlet's thread count (FLOWLET_NUM_THREADS, default every hardware thread).
 #ifdef FLOWLET_BENCH_HAVE_TORCH
-  if (one_thread) at::set_num_threads(1);
+  at::set_num_threads(fl::detail::intra_op_threads());
+  at::NoGradGuard no_grad;
 #endif
-  return bench::run_benchmark("bench_reduce", "reduction (16M f32 sum)", /*torch_uses_all_threads=*/!one_thread, run_all);
+  return bench::run_benchmark("bench_reduce", "reduction (16M f32 sum and mean)", /*torch_uses_all_threads=*/false,
+                              [&] { run_all(options); });
 }

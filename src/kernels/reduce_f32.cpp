@@ -50,20 +50,29 @@ double sum_f32_run(const float* x, int64_t n) {
     for (; i < n; ++i) total += static_cast<double>(x[i]);
     return total;
   }
-  // Four trees per step, added in pairs (a tree of 16 per lane), into 4 f64 accumulators (two
-  // pairs): independent add chains hide the latency. Named pairs, not one array, so that they stay
-  // in registers.
+  // The first 4 * quarter elements as four streams, one per quarter, read side by side: each step
+  // takes one tree from each, adds them in pairs (a tree of 16 per lane) into 4 f64 accumulators
+  // (two pairs; independent add chains hide the latency). Four sequential streams keep more cache
+  // lines in flight than one (the hardware prefetcher runs one stream each), and the sum is
+  // memory-bound: 16M f32, same process, interleaved, one thread 21.9 against 18.2 GB/s for one
+  // stream (two streams 23.6 in another run, eight 20.6), two threads 35.0 against 26.0 (see
+  // reduce_f32.hpp). Named pairs, not one array, so that they stay in registers.
   F64x4 first[2] = {}, second[2] = {};
-  int64_t i = 0;
   F32x8 t, u, v, w;
-  for (; i + 4 * kTree <= n; i += 4 * kTree) {
-    tree(t, x + i);
-    tree(u, x + i + kTree);
-    tree(v, x + i + 2 * kTree);
-    tree(w, x + i + 3 * kTree);
+  const int64_t quarter = n / (4 * kTree) * kTree;
+  const float* x1 = x + quarter;
+  const float* x2 = x + 2 * quarter;
+  const float* x3 = x + 3 * quarter;
+  for (int64_t j = 0; j < quarter; j += kTree) {
+    tree(t, x + j);
+    tree(u, x1 + j);
+    tree(v, x2 + j);
+    tree(w, x3 + j);
     widen_add(first, t + u);
     widen_add(second, v + w);
   }
+  // The rest (under 4 trees): a pair of trees, a tree, vectors, then elements.
+  int64_t i = 4 * quarter;
   if (i + 2 * kTree <= n) {
     tree(t, x + i);
     tree(u, x + i + kTree);

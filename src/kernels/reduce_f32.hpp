@@ -1,24 +1,29 @@
 // f32 row kernels for the reductions (src/ops/reduce.cpp): the sum and the max of a contiguous run.
 //
-// Sum: pairwise f32 trees inside blocks of 128 elements, f64 between blocks.
+// Sum: pairwise f32 trees of 16 elements per lane, f64 between trees, the run read as four streams.
 // Why this shape: the sum is memory-bound, yet how many instructions the core spends per byte
 // decides how far ahead its out-of-order window reads memory, and so the bandwidth one thread gets.
-// Every element widened to f64 (the first loop), or every pair (last round's kernel: an f32 add
-// per pair, then f64, ~50 instructions per 64 floats as GCC 12 compiled it), ran 20-30% slower
-// than a plain f32 loop on one thread (11.7 against 14.9 GB/s, Zen 3). Here each lane adds 16
-// elements (one from each of 16 consecutive vectors) as a pairwise tree in f32: two trees of 8,
+// Every element widened to f64 (the first loop), or every pair (an f32 add per pair, then f64, ~50
+// instructions per 64 floats as GCC 12 compiled it), ran 20-30% slower than a plain f32 loop on
+// one thread (11.7 against 14.9 GB/s, Zen 3). Here each lane adds 16 elements as a pairwise tree
+// in f32: two trees of 8 (one element from each of 8 consecutive vectors),
 // ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)), added together; only that is widened and
-// accumulated in f64. Through the op on one thread (16M f32, same process, interleaved): 16.9 GB/s
-// against 14.2 for trees of 8 and 11.7 for pairs; two threads 24.4 against 20.5. Accuracy: each
-// element passes through at most 4 f32 roundings, so for inputs of one sign the relative error
-// is at most 4 * 2^-24 (2.4e-7) plus the f64 accumulation's (about n * 2^-53), against up to
-// n * 2^-24 for a plain f32 loop; typical data loses far less (16M x 0.1f sums exactly: a tree of
-// equal values only doubles them; the adversarial runs of tests/test_reduce.cpp lose 5.9e-8),
-// and everything after the tree is f64. Column sums use trees of 8 rows (3 roundings).
+// accumulated in f64 (16.9 GB/s on one thread against 14.2 for trees of 8 and 11.7 for pairs).
+// The two trees of a pair come from different quarters of the run: the run's first
+// 4 * floor(n / 256) * 64 elements are read as four sequential streams side by side (one tree
+// from each per step), which keeps more cache lines in flight than one stream. 16M f32 through
+// the op, same process, interleaved rounds (/tmp driver, 10:43, load 6.3): one thread 21.9 GB/s
+// against 18.2 for one stream (two streams: 23.6 against 21.0 in another run; eight: 20.6), two
+// threads 35.0 against 26.0 (libtorch 28.1 in the same rounds). Accuracy: each element passes
+// through at most 4 f32 roundings, so for inputs of one sign the relative error is at most
+// 4 * 2^-24 (2.4e-7) plus the f64 accumulation's (about n * 2^-53), against up to n * 2^-24 for a
+// plain f32 loop; typical data loses far less (16M x 0.1f sums exactly: a tree of equal values
+// only doubles them; the adversarial runs of tests/test_reduce.cpp stay within 1e-7), and
+// everything after the tree is f64. Column sums use trees of 8 rows (3 roundings).
 //
-// The lane structure (trees of 16 and 8 vectors, 4 f64 accumulators, fixed combination order)
-// does not depend on the instruction set or the thread count, so the same run of floats always
-// gives the same bits.
+// The lane structure (the streams, trees of 16 and 8 vectors, 4 f64 accumulators, fixed
+// combination order) depends only on n, not on the instruction set or the thread count, so the
+// same run of floats always gives the same bits.
 #pragma once
 
 #include <cstdint>

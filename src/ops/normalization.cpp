@@ -392,13 +392,12 @@ void ln_backward_kernel(const OpCall& call, std::span<Tensor> out) {
     // Row blocks, a count fixed by the shape (never by the thread count): each block writes dx for
     // its rows and accumulates its own partial dgamma and dbeta (in f64) in the same sweep; the
     // blocks' partial sums are then added in block order.
-    const int64_t blocks = std::clamp<int64_t>(std::min<int64_t>(64, (int64_t{1} << 22) / (2 * d)), 1, std::max<int64_t>(rows, 1));
-    std::vector<double> partial(static_cast<size_t>(blocks * 2 * d), 0.0);
-    parallel_for(blocks, 1, [&](int64_t first_block, int64_t last_block) {
+    LnColumnPartials partials(rows, d);
+    parallel_for(partials.blocks, 1, [&](int64_t first_block, int64_t last_block) {
       for (int64_t block = first_block; block < last_block; ++block) {
-        double* sum_dy = partial.data() + block * 2 * d;
-        double* sum_dy_xh = sum_dy + d;
-        for (int64_t r = rows * block / blocks; r < rows * (block + 1) / blocks; ++r) {
+        double* sum_dy = partials.sum_dy(block);
+        double* sum_dy_xh = partials.sum_dy_xh(block);
+        for (int64_t r = partials.first_row(block, rows); r < partials.first_row(block + 1, rows); ++r) {
           const double mu = load(m, r), rstd_r = load(rs, r);
           const int64_t at = r * d;
           LaneSum lanes_u, lanes_u_xc;
@@ -421,15 +420,7 @@ void ln_backward_kernel(const OpCall& call, std::span<Tensor> out) {
         }
       }
     });
-    for (int64_t j = 0; j < d; ++j) {
-      double total_dy = 0, total_dy_xh = 0;
-      for (int64_t b = 0; b < blocks; ++b) {
-        total_dy += partial[static_cast<size_t>(b * 2 * d + j)];
-        total_dy_xh += partial[static_cast<size_t>(b * 2 * d + d + j)];
-      }
-      dgamma[j] = convert<T>(total_dy_xh);
-      dbeta[j] = convert<T>(total_dy);
-    }
+    partials.write(dgamma, dbeta);
   });
 }
 

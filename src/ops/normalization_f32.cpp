@@ -167,17 +167,16 @@ void ln_backward_f32(const float* x, const float* gamma, const float* mean, cons
   // over at most kColumnRows rows (a sum of at most 8 terms per column, as in norm_f32.hpp), then
   // in f64. The blocks' partials are added in block order.
   constexpr int64_t kColumnRows = 8;
-  const int64_t blocks = std::clamp<int64_t>(std::min<int64_t>(64, (int64_t{1} << 22) / (2 * d)), 1, std::max<int64_t>(rows, 1));
-  std::vector<double> partial(static_cast<size_t>(blocks * 2 * d), 0.0);
-  parallel_for(blocks, 1, [&](int64_t first_block, int64_t last_block) {
+  LnColumnPartials partials(rows, d);
+  parallel_for(partials.blocks, 1, [&](int64_t first_block, int64_t last_block) {
     std::vector<float> columns(static_cast<size_t>(2 * d));
     for (int64_t block = first_block; block < last_block; ++block) {
-      double* sum_dy = partial.data() + block * 2 * d;
-      double* sum_dy_xh = sum_dy + d;
+      double* sum_dy = partials.sum_dy(block);
+      double* sum_dy_xh = partials.sum_dy_xh(block);
       float* col_dy = columns.data();
       float* col_dy_xh = col_dy + d;
       std::fill(columns.begin(), columns.end(), 0.0f);
-      const int64_t first = rows * block / blocks, last = rows * (block + 1) / blocks;
+      const int64_t first = partials.first_row(block, rows), last = partials.first_row(block + 1, rows);
       for (int64_t r = first; r < last; ++r) {
         const auto mu = static_cast<double>(mean[r]), rstd_r = static_cast<double>(rstd[r]);
         const int64_t at = r * d;
@@ -200,15 +199,7 @@ void ln_backward_f32(const float* x, const float* gamma, const float* mean, cons
       }
     }
   });
-  for (int64_t j = 0; j < d; ++j) {
-    double total_dy = 0, total_dy_xh = 0;
-    for (int64_t b = 0; b < blocks; ++b) {
-      total_dy += partial[static_cast<size_t>(b * 2 * d + j)];
-      total_dy_xh += partial[static_cast<size_t>(b * 2 * d + d + j)];
-    }
-    dgamma[j] = static_cast<float>(total_dy_xh);
-    dbeta[j] = static_cast<float>(total_dy);
-  }
+  partials.write(dgamma, dbeta);
 }
 
 }  // namespace flowlet::detail

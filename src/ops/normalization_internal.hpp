@@ -80,6 +80,38 @@ inline int64_t channel_grain(int64_t values_per_channel) {
   return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(values_per_channel, 1));
 }
 
+// layer_norm_backward's dgamma and dbeta partials, shared by the f32 kernel and the generic loop:
+// row blocks, a count fixed by the shape (never by the thread count), each accumulating its own f64
+// column sums of dy and dy * xh; the blocks are then added in block order, so the bits do not
+// depend on which thread ran which block. (d >= 1: ln_infer rejects empty normalized axes.)
+struct LnColumnPartials {
+  LnColumnPartials(int64_t rows, int64_t d_)
+      : d(d_),
+        blocks(std::clamp<int64_t>(std::min<int64_t>(64, (int64_t{1} << 22) / (2 * d_)), 1, std::max<int64_t>(rows, 1))),
+        partial(static_cast<size_t>(blocks * 2 * d_), 0.0) {}
+
+  int64_t first_row(int64_t block, int64_t rows) const { return rows * block / blocks; }
+  double* sum_dy(int64_t block) { return partial.data() + block * 2 * d; }
+  double* sum_dy_xh(int64_t block) { return sum_dy(block) + d; }
+
+  // dgamma[j] = the blocks' sum_dy_xh[j], dbeta[j] = their sum_dy[j], added in block order.
+  template <class T>
+  void write(T* dgamma, T* dbeta) const {
+    for (int64_t j = 0; j < d; ++j) {
+      double total_dy = 0, total_dy_xh = 0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        total_dy += partial[static_cast<size_t>(b * 2 * d + j)];
+        total_dy_xh += partial[static_cast<size_t>(b * 2 * d + d + j)];
+      }
+      dgamma[j] = convert<T>(total_dy_xh);
+      dbeta[j] = convert<T>(total_dy);
+    }
+  }
+
+  int64_t d, blocks;
+  std::vector<double> partial;
+};
+
 // The f32 kernels (normalization_f32.cpp): blocked f32 lanes, f64 between blocks. Batch norm's
 // takes rows of at least kMinF32Row values (S = H * W; shorter rows keep the generic loop, whose
 // per-element f64 work costs less than a call per row there).

@@ -143,7 +143,7 @@ typename P::Acc reduce_run(const T* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) total = P::step(total, x[i]);
     return total;
   } else if constexpr (std::is_same_v<T, float> && std::is_same_v<P, SumPolicy<float>>) {
-    return sum_f32_run(x, n);  // f32 pairs, f64 lanes: half the conversions, same accuracy class
+    return sum_f32_run(x, n);  // f32 trees of 16 per lane over four streams, then f64 lanes
   } else if constexpr (std::is_same_v<T, float> && std::is_same_v<P, MaxPolicy<float>>) {
     return max_f32_run(x, n);  // branch-free lanes
   } else {  // floating: independent lanes (vectorizable, and accurate with f64 accumulators)
@@ -188,8 +188,12 @@ typename P::Acc reduce_row(const T* x, int64_t n, bool parallel) {
   };
   // Many more pieces than threads, claimed as threads come free: a worker that wakes late (a
   // loaded machine) or runs slower takes fewer pieces instead of holding up a fixed half. The
-  // partials stay per chunk, so the result does not depend on who ran what.
-  const int64_t pieces = parallel ? std::min<int64_t>(chunks / 4, 16 * int64_t{intra_op_threads()}) : 1;
+  // partials stay per chunk, so the result does not depend on who ran what. 64 pieces per thread
+  // (16M f32 at 2 threads: 128 pieces of 512 KiB): the thread that takes the last piece keeps the
+  // other waiting at most that long. Against 16 per thread (2 MiB pieces), paced same-process
+  // rounds at 2 threads (10:57 and 10:58, load 4.5-5.5): 34.2 vs 32.7 and 31.0 / 31.4 vs 29.0 /
+  // 31.4 GB/s (docs/notes20/reduce.md).
+  const int64_t pieces = parallel ? std::min<int64_t>(chunks / 4, 64 * int64_t{intra_op_threads()}) : 1;
   if (pieces > 1) {
     auto run_piece = [&](int64_t piece) { run(chunks * piece / pieces, chunks * (piece + 1) / pieces); };
     run_chunks(pieces, FunctionRef<void(int64_t)>(run_piece));
