@@ -200,7 +200,7 @@ class ThreadPool {
     }
   }
 
-  // Polls `done` for kSpinMicroseconds with pauses, then up to kWorkerPollMicroseconds yielding the
+  // Polls `done` for kSpinMicroseconds with pauses, then up to worker_poll_microseconds() yielding the
   // core between polls: a yielding poller gives its core to any other runnable thread (its own
   // caller included, when the kernel put both on one core), yet stays runnable, so the load
   // balancer keeps it on a core of its own, as OpenBLAS's threads are kept.
@@ -208,7 +208,7 @@ class ThreadPool {
   static void worker_poll(Done done) {
     const auto start = std::chrono::steady_clock::now();
     const auto pause_until = start + std::chrono::microseconds(kSpinMicroseconds);
-    const auto deadline = start + std::chrono::microseconds(kWorkerPollMicroseconds);
+    const auto deadline = start + std::chrono::microseconds(worker_poll_microseconds());
     while (!done()) {
       const auto now = std::chrono::steady_clock::now();
       if (now > deadline) return;
@@ -254,8 +254,15 @@ class ThreadPool {
     }
   }
   static constexpr int kSpinMicroseconds = 50;
-  // How long an idle worker polls before it sleeps (worker_poll).
-  static constexpr int kWorkerPollMicroseconds = 2000;
+  // How long an idle worker polls before it sleeps (worker_poll): 2 ms, or FLOWLET_POOL_POLL_US
+  // (read once; 50 or less polls only the paused first part, as the pool did before round 19).
+  static int worker_poll_microseconds() {
+    static const int us = [] {
+      const char* env = std::getenv("FLOWLET_POOL_POLL_US");
+      return env != nullptr && *env != '\0' ? std::max(0, std::atoi(env)) : 2000;
+    }();
+    return us;
+  }
 
   std::atomic<uint64_t> posted_{0};  // jobs and tasks posted so far, for spinning workers
   std::mutex mutex_;
