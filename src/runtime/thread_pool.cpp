@@ -204,21 +204,38 @@ class ThreadPool {
   // core between polls: a yielding poller gives its core to any other runnable thread (its own
   // caller included, when the kernel put both on one core), yet stays runnable, so the load
   // balancer keeps it on a core of its own, as OpenBLAS's threads are kept.
+  //
+  // Except while the cores are contended: a yield that comes back after kContendedYieldMicroseconds
+  // means another thread (another process's build, or the caller) had the core, and then this
+  // worker sleeps instead, and polls only the paused part for the next kContendedBackoffMs. Polling
+  // on a shared machine cost more than it saved: the poller's CPU time ranks it last, so the chunk
+  // it grabs runs late while its caller waits for it; at load 4.5-5.7 (two cores) the batch-1 MLP
+  // step took 350-600 us with the 2 ms poll against 170-270 us without (docs/notes20/exec.md).
   template <class Done>
   static void worker_poll(Done done) {
-    const auto start = std::chrono::steady_clock::now();
+    using Clock = std::chrono::steady_clock;
+    thread_local Clock::time_point contended_until{};  // per worker: poll only the paused part before it
+    const auto start = Clock::now();
     const auto pause_until = start + std::chrono::microseconds(kSpinMicroseconds);
-    const auto deadline = start + std::chrono::microseconds(worker_poll_microseconds());
+    const auto deadline = start < contended_until ? pause_until
+                                                  : start + std::chrono::microseconds(worker_poll_microseconds());
     while (!done()) {
-      const auto now = std::chrono::steady_clock::now();
+      const auto now = Clock::now();
       if (now > deadline) return;
       if (now < pause_until) {
         for (int i = 0; i < 16; ++i) _mm_pause();
-      } else {
-        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::yield();
+      const auto back = Clock::now();
+      if (back - now > std::chrono::microseconds(kContendedYieldMicroseconds)) {
+        contended_until = back + std::chrono::milliseconds(kContendedBackoffMs);
+        return;
       }
     }
   }
+  static constexpr int kContendedYieldMicroseconds = 100;
+  static constexpr int kContendedBackoffMs = 50;
 
   // Runs one piece of work as one of the budget's threads, with `lock` held on entry and exit:
   // chunks of `job` when there is one (chunks first: their caller is waiting, and they are short),
