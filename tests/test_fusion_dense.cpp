@@ -21,6 +21,7 @@
 #include "flowlet/trace.hpp"
 #include "ops/matmul_bias.hpp"
 #include "ops/relu_bias_grad.hpp"
+#include "support/pass_switch.hpp"
 #include "support/reference.hpp"
 #include "trace/passes/passes.hpp"
 
@@ -28,32 +29,12 @@ namespace {
 
 using Tensors = std::vector<fl::Tensor>;
 
-// Sets FLOWLET_DENSE_FUSION for a scope (graphs traced inside see it), then restores it.
-class DenseFusionSetting {
- public:
-  explicit DenseFusionSetting(bool on) {
-    if (const char* old = std::getenv("FLOWLET_DENSE_FUSION")) old_ = old;
-    setenv("FLOWLET_DENSE_FUSION", on ? "1" : "0", 1);
-  }
-  ~DenseFusionSetting() {
-    if (old_.empty()) {
-      unsetenv("FLOWLET_DENSE_FUSION");
-    } else {
-      setenv("FLOWLET_DENSE_FUSION", old_.c_str(), 1);
-    }
-  }
-
- private:
-  std::string old_;
+// FLOWLET_DENSE_FUSION set for a scope (graphs traced inside see it).
+struct DenseFusionSetting : test::PassSwitch {
+  explicit DenseFusionSetting(bool on) : PassSwitch("FLOWLET_DENSE_FUSION", on) {}
 };
 
-int count_ops(const fl::Graph& graph, std::string_view name) {
-  int n = 0;
-  for (const fl::Node& node : graph.nodes()) {
-    if (!node.removed && node.kind == fl::NodeKind::op && node.op->name == name) ++n;
-  }
-  return n;
-}
+using test::count_ops;
 
 // The activations of the live matmul_bias nodes, in graph order ("activation=relu" / "none").
 std::vector<std::string> dense_activations(const fl::Graph& graph) {

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <thread>
@@ -41,11 +42,21 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+double process_cpu_us() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_nsec) / 1e3;
+}
+
+// Per-step wall time of `steps` calls; adds their per-step process CPU time (all threads) to *cpu_us.
 template <class Step>
-double round_us(Step& step, const Batch& data, int steps) {
+double round_us(Step& step, const Batch& data, int steps, std::vector<double>* cpu_us = nullptr) {
+  const double cpu_start = process_cpu_us();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) (void)step(data.x, data.labels).template item<float>();
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / steps;
+  const double wall = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / steps;
+  if (cpu_us != nullptr) cpu_us->push_back((process_cpu_us() - cpu_start) / steps);
+  return wall;
 }
 
 }  // namespace
@@ -101,18 +112,18 @@ int main(int argc, char** argv) {
     }
     const int steps = batch >= 512 ? 5 : 20;
     // The contenders of a round: eager and traced always; the others on request.
-    std::vector<double> e, t, eu, tu, tn;
+    std::vector<double> e, t, eu, tu, tn, e_cpu, t_cpu, tn_cpu;
     struct Contender {
       std::function<double()> round;
       std::vector<double>* samples;
     };
-    std::vector<Contender> contenders = {{[&] { return round_us(eager, data, steps); }, &e},
-                                         {[&] { return round_us(traced, data, steps); }, &t}};
+    std::vector<Contender> contenders = {{[&] { return round_us(eager, data, steps, &e_cpu); }, &e},
+                                         {[&] { return round_us(traced, data, steps, &t_cpu); }, &t}};
     if (unfused) {
       contenders.push_back({[&] { return round_us(eager_unfused, data, steps); }, &eu});
       contenders.push_back({[&] { return round_us(traced_unfused, data, steps); }, &tu});
     }
-    if (no_dense_too) contenders.push_back({[&] { return round_us(traced_no_dense, data, steps); }, &tn});
+    if (no_dense_too) contenders.push_back({[&] { return round_us(traced_no_dense, data, steps, &tn_cpu); }, &tn});
     for (int i = 0; i < 3; ++i) {  // warm-up (and the trace)
       round_us(eager, data, 1);
       round_us(traced, data, 1);
@@ -144,9 +155,14 @@ int main(int argc, char** argv) {
     const double eager_us = median(e), traced_us = median(t);
     std::printf("batch %lld: eager %.0f us, traced %.0f us (median of %d interleaved rounds of %d steps), traced/eager %.2f\n",
                 static_cast<long long>(batch), eager_us, traced_us, rounds, steps, traced_us / eager_us);
+    // Process CPU time per step (every thread; a polling pool worker counts too): with
+    // FLOWLET_NUM_THREADS=1 the work each step does, which load moves far less than wall time.
+    std::printf("   cpu per step: eager %.0f us, traced %.0f us, traced/eager %.2f\n", median(e_cpu), median(t_cpu),
+                median(t_cpu) / median(e_cpu));
     if (no_dense_too) {
-      std::printf("   traced without the dense-layer fusions in the same rounds: %.0f us; fused/unfused %.3f\n", median(tn),
-                  traced_us / median(tn));
+      std::printf("   traced without the dense-layer fusions in the same rounds: %.0f us (cpu %.0f us); fused/unfused %.3f "
+                  "(cpu %.3f)\n",
+                  median(tn), median(tn_cpu), traced_us / median(tn), median(t_cpu) / median(tn_cpu));
     }
     if (unfused) {
       std::printf("   per-op Adam update() in the same rounds: eager %.0f us, traced %.0f us; fused/per-op: eager %.2f, "
