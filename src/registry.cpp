@@ -40,6 +40,8 @@ const std::vector<Op*>& all_ops() {
     detail::add_state_ops(list);
     detail::add_transfer_ops(list);
     detail::add_fused_ops(list);
+    detail::add_matmul_bias_ops(list);
+    detail::add_relu_bias_grad_ops(list);
     detail::add_queue_ops(list);
     detail::add_collective_ops(list);
     detail::add_ps_ops(list);

@@ -14,38 +14,19 @@
 #include "flowlet/ops/conv.hpp"
 #include "flowlet/ops/normalization.hpp"
 #include "flowlet/trace.hpp"
+#include "support/pass_switch.hpp"
 #include "support/reference.hpp"
 
 namespace {
 
 using Tensors = std::vector<fl::Tensor>;
 
-// Sets FLOWLET_CONV_FUSION for a scope (graphs traced inside see it), then restores it.
-class ConvFusionSetting {
- public:
-  explicit ConvFusionSetting(bool on) {
-    if (const char* old = std::getenv("FLOWLET_CONV_FUSION")) old_ = old;
-    setenv("FLOWLET_CONV_FUSION", on ? "1" : "0", 1);
-  }
-  ~ConvFusionSetting() {
-    if (old_.empty()) {
-      unsetenv("FLOWLET_CONV_FUSION");
-    } else {
-      setenv("FLOWLET_CONV_FUSION", old_.c_str(), 1);
-    }
-  }
-
- private:
-  std::string old_;
+// FLOWLET_CONV_FUSION set for a scope (graphs traced inside see it).
+struct ConvFusionSetting : test::PassSwitch {
+  explicit ConvFusionSetting(bool on) : PassSwitch("FLOWLET_CONV_FUSION", on) {}
 };
 
-int count_ops(const fl::Graph& graph, std::string_view name) {
-  int n = 0;
-  for (const fl::Node& node : graph.nodes()) {
-    if (!node.removed && node.kind == fl::NodeKind::op && node.op->name == name) ++n;
-  }
-  return n;
-}
+using test::count_ops;
 
 enum class Act { none, relu, other };
 

@@ -1013,6 +1013,8 @@ const std::map<std::string, std::string> kWithoutRow = [] {
       {"queue_enqueue", "graph-only, recorded by Queue::enqueue while tracing (test_queue_graph)"},
       {"queue_dequeue", "graph-only, recorded by Queue::dequeue while tracing (test_queue_graph)"},
       {"fused_elementwise", "inserted by the fusion pass, no public function (test_fusion checks it against the unfused ops)"},
+      {"matmul_bias", "inserted by the fuse_matmul_bias pass, no public function (test_fusion_dense checks it against matmul, add and relu)"},
+      {"relu_bias_grad", "inserted by the fuse_relu_bias_grad pass, no public function (test_fusion_dense checks it against where and sum)"},
       {"print", "writes to stderr and returns its input (test_trace)"},
       {"host_callback", "returns nothing; calls host code (test_trace)"},
       {"barrier", "returns nothing and takes no tensor (test_collective_ops)"},

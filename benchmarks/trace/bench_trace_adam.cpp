@@ -7,7 +7,9 @@
 //   FLOWLET_NUM_THREADS=2 FLOWLET_TF_PYTHON=/work/venvs/tf/bin/python ./bench_trace_adam 1 64 128 1024
 // Options: --no-tf (flowlet only), --rounds R (default 15), --tf-samples S (default 7), --unfused
 // (also times Adam's per-op update(), a subclass apply() does not fuse, in the same rounds: the
-// fused optimizer_update against what it replaced).
+// fused optimizer_update against what it replaced), --no-dense-too (also times the traced step
+// traced with FLOWLET_DENSE_FUSION=0 in the same rounds: what the dense-layer fusions save,
+// matmul_bias and relu_bias_grad).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -15,6 +17,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,24 +42,36 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+double process_cpu_us() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_nsec) / 1e3;
+}
+
+// Per-step wall time of `steps` calls; adds their per-step process CPU time (all threads) to *cpu_us.
 template <class Step>
-double round_us(Step& step, const Batch& data, int steps) {
+double round_us(Step& step, const Batch& data, int steps, std::vector<double>* cpu_us = nullptr) {
+  const double cpu_start = process_cpu_us();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) (void)step(data.x, data.labels).template item<float>();
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / steps;
+  const double wall = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / steps;
+  if (cpu_us != nullptr) cpu_us->push_back((process_cpu_us() - cpu_start) / steps);
+  return wall;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int64_t> batches;
-  bool with_tf = true, unfused = false;
+  bool with_tf = true, unfused = false, no_dense_too = false;
   int rounds = 15, tf_samples = 7;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-tf") == 0) {
       with_tf = false;
     } else if (std::strcmp(argv[i], "--unfused") == 0) {
       unfused = true;
+    } else if (std::strcmp(argv[i], "--no-dense-too") == 0) {
+      no_dense_too = true;
     } else if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
       rounds = std::max(2, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--tf-samples") == 0 && i + 1 < argc) {
@@ -82,11 +98,32 @@ int main(int argc, char** argv) {
         return l;
       };
     };
+    FlowletMlp no_dense_model;
+    fl::optim::Adam no_dense_adam(1e-3);
     auto eager = make(eager_model, eager_adam);
     auto traced = fl::trace(make(traced_model, traced_adam));
     auto eager_unfused = make(eager_unfused_model, eager_unfused_adam);
     auto traced_unfused = fl::trace(make(traced_unfused_model, traced_unfused_adam));
+    auto traced_no_dense = fl::trace(make(no_dense_model, no_dense_adam));
+    if (no_dense_too) {  // the passes read the switch as they optimize: at the first call
+      setenv("FLOWLET_DENSE_FUSION", "0", 1);
+      round_us(traced_no_dense, data, 1);
+      unsetenv("FLOWLET_DENSE_FUSION");
+    }
     const int steps = batch >= 512 ? 5 : 20;
+    // The contenders of a round: eager and traced always; the others on request.
+    std::vector<double> e, t, eu, tu, tn, e_cpu, t_cpu, tn_cpu;
+    struct Contender {
+      std::function<double()> round;
+      std::vector<double>* samples;
+    };
+    std::vector<Contender> contenders = {{[&] { return round_us(eager, data, steps, &e_cpu); }, &e},
+                                         {[&] { return round_us(traced, data, steps, &t_cpu); }, &t}};
+    if (unfused) {
+      contenders.push_back({[&] { return round_us(eager_unfused, data, steps); }, &eu});
+      contenders.push_back({[&] { return round_us(traced_unfused, data, steps); }, &tu});
+    }
+    if (no_dense_too) contenders.push_back({[&] { return round_us(traced_no_dense, data, steps, &tn_cpu); }, &tn});
     for (int i = 0; i < 3; ++i) {  // warm-up (and the trace)
       round_us(eager, data, 1);
       round_us(traced, data, 1);
@@ -94,20 +131,15 @@ int main(int argc, char** argv) {
         round_us(eager_unfused, data, 1);
         round_us(traced_unfused, data, 1);
       }
+      if (no_dense_too) round_us(traced_no_dense, data, 1);
     }
-    std::vector<double> e, t, eu, tu;
     // Each round times every contender once, in a balanced order (round_order.hpp): eager first in
     // one round, traced first in the next, so neither always runs in the other's wake.
     int round = 0;
     auto measure_rounds = [&](int count) {
       for (int r = 0; r < count; ++r, ++round) {
-        for (const size_t which : flowlet_bench::round_order(unfused ? 4 : 2, round)) {
-          switch (which) {
-            case 0: e.push_back(round_us(eager, data, steps)); break;
-            case 1: t.push_back(round_us(traced, data, steps)); break;
-            case 2: eu.push_back(round_us(eager_unfused, data, steps)); break;
-            default: tu.push_back(round_us(traced_unfused, data, steps)); break;
-          }
+        for (const size_t which : flowlet_bench::round_order(contenders.size(), round)) {
+          contenders[which].samples->push_back(contenders[which].round());
         }
       }
     };
@@ -123,6 +155,15 @@ int main(int argc, char** argv) {
     const double eager_us = median(e), traced_us = median(t);
     std::printf("batch %lld: eager %.0f us, traced %.0f us (median of %d interleaved rounds of %d steps), traced/eager %.2f\n",
                 static_cast<long long>(batch), eager_us, traced_us, rounds, steps, traced_us / eager_us);
+    // Process CPU time per step (every thread; a polling pool worker counts too): with
+    // FLOWLET_NUM_THREADS=1 the work each step does, which load moves far less than wall time.
+    std::printf("   cpu per step: eager %.0f us, traced %.0f us, traced/eager %.2f\n", median(e_cpu), median(t_cpu),
+                median(t_cpu) / median(e_cpu));
+    if (no_dense_too) {
+      std::printf("   traced without the dense-layer fusions in the same rounds: %.0f us (cpu %.0f us); fused/unfused %.3f "
+                  "(cpu %.3f)\n",
+                  median(tn), median(tn_cpu), traced_us / median(tn), median(t_cpu) / median(tn_cpu));
+    }
     if (unfused) {
       std::printf("   per-op Adam update() in the same rounds: eager %.0f us, traced %.0f us; fused/per-op: eager %.2f, "
                   "traced %.2f\n",

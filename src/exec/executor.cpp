@@ -40,9 +40,9 @@ namespace {
 constexpr double kExpensiveMultiplyAdds = 1 << 22;
 constexpr int64_t kExpensiveElements = 1 << 18;
 
-// The multiply-adds of a contraction node (0 for any other node).
+// The multiply-adds of a contraction node (matmul, matmul_bias; 0 for any other node).
 double multiply_adds(const Graph& g, const Node& node) {
-  if (!node.op->has_flag(kContraction) || node.inputs.size() != 2 || node.outputs.empty()) return 0;
+  if (!node.op->has_flag(kContraction) || node.inputs.size() < 2 || node.outputs.empty()) return 0;
   const Shape& a = g.meta(node.inputs[0]).shape;
   const double k = a.size() >= 2 ? static_cast<double>(a[a.size() - 1]) : 0.0;
   return static_cast<double>(node.outputs[0].shape.numel()) * k;

@@ -200,25 +200,42 @@ class ThreadPool {
     }
   }
 
-  // Polls `done` for kSpinMicroseconds with pauses, then up to kWorkerPollMicroseconds yielding the
+  // Polls `done` for kSpinMicroseconds with pauses, then up to worker_poll_microseconds() yielding the
   // core between polls: a yielding poller gives its core to any other runnable thread (its own
   // caller included, when the kernel put both on one core), yet stays runnable, so the load
   // balancer keeps it on a core of its own, as OpenBLAS's threads are kept.
+  //
+  // Except while the cores are contended: a yield that comes back after kContendedYieldMicroseconds
+  // means another thread (another process's build, or the caller) had the core, and then this
+  // worker sleeps instead, and polls only the paused part for the next kContendedBackoffMs. Polling
+  // on a shared machine cost more than it saved: the poller's CPU time ranks it last, so the chunk
+  // it grabs runs late while its caller waits for it; at load 4.5-5.7 (two cores) the batch-1 MLP
+  // step took 350-600 us with the 2 ms poll against 170-270 us without (docs/notes20/exec.md).
   template <class Done>
   static void worker_poll(Done done) {
-    const auto start = std::chrono::steady_clock::now();
+    using Clock = std::chrono::steady_clock;
+    thread_local Clock::time_point contended_until{};  // per worker: poll only the paused part before it
+    const auto start = Clock::now();
     const auto pause_until = start + std::chrono::microseconds(kSpinMicroseconds);
-    const auto deadline = start + std::chrono::microseconds(kWorkerPollMicroseconds);
+    const auto deadline = start < contended_until ? pause_until
+                                                  : start + std::chrono::microseconds(worker_poll_microseconds());
     while (!done()) {
-      const auto now = std::chrono::steady_clock::now();
+      const auto now = Clock::now();
       if (now > deadline) return;
       if (now < pause_until) {
         for (int i = 0; i < 16; ++i) _mm_pause();
-      } else {
-        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::yield();
+      const auto back = Clock::now();
+      if (back - now > std::chrono::microseconds(kContendedYieldMicroseconds)) {
+        contended_until = back + std::chrono::milliseconds(kContendedBackoffMs);
+        return;
       }
     }
   }
+  static constexpr int kContendedYieldMicroseconds = 100;
+  static constexpr int kContendedBackoffMs = 50;
 
   // Runs one piece of work as one of the budget's threads, with `lock` held on entry and exit:
   // chunks of `job` when there is one (chunks first: their caller is waiting, and they are short),
@@ -254,8 +271,15 @@ class ThreadPool {
     }
   }
   static constexpr int kSpinMicroseconds = 50;
-  // How long an idle worker polls before it sleeps (worker_poll).
-  static constexpr int kWorkerPollMicroseconds = 2000;
+  // How long an idle worker polls before it sleeps (worker_poll): 2 ms, or FLOWLET_POOL_POLL_US
+  // (read once; 50 or less polls only the paused first part, as the pool did before round 19).
+  static int worker_poll_microseconds() {
+    static const int us = [] {
+      const char* env = std::getenv("FLOWLET_POOL_POLL_US");
+      return env != nullptr && *env != '\0' ? std::max(0, std::atoi(env)) : 2000;
+    }();
+    return us;
+  }
 
   std::atomic<uint64_t> posted_{0};  // jobs and tasks posted so far, for spinning workers
   std::mutex mutex_;

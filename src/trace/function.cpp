@@ -54,6 +54,7 @@ PassOptions pass_options(const TraceOptions& options) {
     passes.simplify = passes.fold_constants = passes.eliminate_common_subexpressions = false;
     passes.fuse_variable_updates = false;
     passes.fuse_convolutions = false;
+    passes.fuse_matmul_bias = passes.fuse_relu_bias_grad = false;
   }
   return passes;
 }

@@ -38,6 +38,7 @@
 #include "ops/known_ops.hpp"
 #include "ops/reshape_attrs.hpp"
 #include "trace/passes/passes.hpp"
+#include "trace/passes/pattern_readers.hpp"
 
 namespace flowlet::detail {
 namespace {
@@ -53,31 +54,6 @@ const ConvOps& conv_ops() {
   return ops;
 }
 
-// Every use of each node's output 0: the reading node ids (a node reading it twice counts twice);
-// `pinned` when something needs the value as it is (another output index of a multi-output node
-// does not count here, a control edge, a graph output or an effect does).
-struct Readers {
-  std::vector<std::vector<int32_t>> of;
-  std::vector<bool> pinned;
-  std::vector<bool> ordered;  // a control input of some node, or an effect: must stay a node
-
-  explicit Readers(const Graph& graph)
-      : of(graph.nodes().size()), pinned(graph.nodes().size(), false), ordered(graph.nodes().size(), false) {
-    const auto nodes = graph.nodes();
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      if (nodes[i].removed) continue;
-      for (const ValueRef& in : nodes[i].inputs) {
-        if (in.output == 0) of[static_cast<size_t>(in.node)].push_back(static_cast<int32_t>(i));
-      }
-      for (int32_t c : nodes[i].control_inputs) pinned[static_cast<size_t>(c)] = ordered[static_cast<size_t>(c)] = true;
-    }
-    for (const ValueRef& out : graph.outputs()) pinned[static_cast<size_t>(out.node)] = true;
-    for (int32_t e : graph.effects()) pinned[static_cast<size_t>(e)] = ordered[static_cast<size_t>(e)] = true;
-  }
-};
-
-bool is_live_op(const Node& n, const Op* op) { return op != nullptr && !n.removed && n.kind == NodeKind::op && n.op == op; }
-
 // A conv2d node the rewrites may change: activation none, f32/f64, one output.
 const Conv2dAttrs* plain_conv(const Graph& graph, const ValueRef& value) {
   if (value.output != 0) return nullptr;
@@ -87,12 +63,6 @@ const Conv2dAttrs* plain_conv(const Graph& graph, const ValueRef& value) {
   if (attrs->activation != ConvActivation::none) return nullptr;
   const DType dt = n.outputs[0].dtype;
   return dt == f32 || dt == f64 ? attrs : nullptr;
-}
-
-bool is_zero_scalar(const Node& n) {
-  if (n.removed || n.kind != NodeKind::constant || !n.value.defined() || n.value.shape().rank() != 0) return false;
-  if (!is_floating(n.value.dtype())) return false;
-  return n.value.to(Device("cpu")).astype(f64).item<double>() == 0.0;
 }
 
 // New nodes inserted before existing ones: appended while rewriting (so ids stay valid), moved into
@@ -215,53 +185,23 @@ void fold_batch_norm(Graph& graph, const Readers& readers, Insertions& insert, i
   folded.op = conv.op;
   folded.attributes = conv.attributes;
   folded.inputs = {conv.inputs[0], weight, bias};
-  folded.control_inputs.insert(folded.control_inputs.end(), conv.control_inputs.begin(), conv.control_inputs.end());
-  std::sort(folded.control_inputs.begin(), folded.control_inputs.end());
-  folded.control_inputs.erase(std::unique(folded.control_inputs.begin(), folded.control_inputs.end()),
-                              folded.control_inputs.end());
+  merge_control_inputs(folded, conv);
   graph.node(conv_value.node).removed = true;
 }
 
 // Rewrite 2 on node `id` (a relu) when its input is a conv2d read by nothing else but greater(x, 0)
 // nodes after the relu.
 void fuse_relu(Graph& graph, const Readers& readers, int32_t id) {
-  const Node& relu = graph.node(id);
-  // The relu node goes away (its value lives on in the convolution): nothing may be ordered on it.
-  if (relu.inputs.size() != 1 || readers.ordered[static_cast<size_t>(id)]) return;
-  const ValueRef conv_value = relu.inputs[0];
+  if (graph.node(id).inputs.size() != 1) return;
+  const ValueRef conv_value = graph.node(id).inputs[0];
   const Conv2dAttrs* attrs = plain_conv(graph, conv_value);
   if (attrs == nullptr) return;
-  const auto c = static_cast<size_t>(conv_value.node);
-  if (readers.pinned[c] || graph.node(conv_value.node).device != relu.device) return;
-  const Op& greater = elementwise_op(ElementwiseOp::greater);
-  std::vector<int32_t> tests;  // greater(conv, 0) nodes, to read the relu instead
-  int relu_reads = 0;
-  for (int32_t reader : readers.of[c]) {
-    if (reader == id) {
-      ++relu_reads;
-      continue;
-    }
-    const Node& n = graph.node(reader);
-    const bool is_positive_test = is_live_op(n, &greater) && reader > id && n.inputs.size() == 2 &&
-                                  n.inputs[0] == conv_value && n.inputs[1].node != conv_value.node &&
-                                  is_zero_scalar(graph.node(n.inputs[1].node));
-    if (!is_positive_test) return;
-    tests.push_back(reader);
-  }
-  if (relu_reads != 1) return;
-  const ValueRef relu_value{id, 0};
-  for (int32_t t : tests) graph.node(t).inputs[0] = relu_value;
+  const auto tests = relu_takeover_tests(graph, readers, id);
+  if (!tests) return;
   Conv2dAttrs fused = *attrs;
   fused.activation = ConvActivation::relu;
-  Node& conv = graph.node(conv_value.node);
-  conv.attributes = std::make_shared<const Conv2dAttrs>(fused);
-  // The convolution now produces the relu's value: the relu's readers read the convolution.
-  Node& old = graph.node(id);
-  conv.control_inputs.insert(conv.control_inputs.end(), old.control_inputs.begin(), old.control_inputs.end());
-  std::sort(conv.control_inputs.begin(), conv.control_inputs.end());
-  conv.control_inputs.erase(std::unique(conv.control_inputs.begin(), conv.control_inputs.end()), conv.control_inputs.end());
-  graph.replace_uses(relu_value, conv_value);
-  old.removed = true;
+  graph.node(conv_value.node).attributes = std::make_shared<const Conv2dAttrs>(fused);
+  take_over_relu(graph, id, *tests);
 }
 
 }  // namespace

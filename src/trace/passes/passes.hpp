@@ -19,6 +19,8 @@ struct PassOptions {
   bool fuse_elementwise = true;
   bool fuse_variable_updates = true;
   bool fuse_convolutions = true;  // also off when FLOWLET_CONV_FUSION=0
+  bool fuse_matmul_bias = true;     // also off when FLOWLET_DENSE_FUSION=0
+  bool fuse_relu_bias_grad = true;  // also off when FLOWLET_DENSE_FUSION=0
   // Write the graph (DOT and JSON) before the first pass and after every pass into this folder.
   // Empty: the environment variable FLOWLET_DUMP_GRAPHS decides (unset: no dumps).
   std::string dump_dir;
@@ -43,6 +45,15 @@ void fuse_variable_updates(Graph& graph);
 void fuse_convolutions(Graph& graph);
 // False when FLOWLET_CONV_FUSION is "0" (read at every optimize(), so tests can switch it).
 bool conv_fusion_enabled_by_environment();
+// add(matmul(a, w), bias[n]) (and a relu reading it) -> one matmul_bias node (see
+// matmul_bias_fusion.cpp).
+void fuse_matmul_bias(Graph& graph);
+// where(y > 0, g, 0) and its column sums sum(.., {0}, keepdims) -> one relu_bias_grad node with both
+// outputs (see relu_bias_grad_fusion.cpp).
+void fuse_relu_bias_grad(Graph& graph);
+// False when FLOWLET_DENSE_FUSION is "0": both dense-layer rewrites above (read at every
+// optimize(), as for convolutions).
+bool dense_fusion_enabled_by_environment();
 // Chains of elementwise ops over same-shaped tensors become one fused node.
 void fuse_elementwise(Graph& graph);
 

@@ -2,8 +2,8 @@
 //
 // Order: prune first (later passes then skip dead code), simplify (exposes constants and
 // duplicates), fold, CSE (folded constants and simplified nodes merge), simplify again (CSE and
-// folding create new x*1 and neg(neg(x)) shapes), place, fuse (convolutions first: elementwise
-// fusion would absorb the relu a convolution takes), prune what the rewrites left unused,
+// folding create new x*1 and neg(neg(x)) shapes), place, fuse (convolutions and dense layers
+// first: elementwise fusion would absorb the relu they take), prune what the rewrites left unused,
 // then cut the edges between devices into Send/Recv pairs (which also compacts the node list).
 // Relies on and keeps what every pass does (flowlet/graph.hpp); in builds without NDEBUG,
 // check_invariants() runs after each pass (and after its dump, so the broken graph is on disk).
@@ -87,6 +87,9 @@ void optimize(Graph& graph, const PassOptions& options) {
   run("simplify_algebra", options.simplify, &simplify_algebra);
   run("place", true, &place);
   run("fuse_convolutions", options.fuse_convolutions && conv_fusion_enabled_by_environment(), &fuse_convolutions);
+  const bool dense = dense_fusion_enabled_by_environment();
+  run("fuse_matmul_bias", options.fuse_matmul_bias && dense, &fuse_matmul_bias);
+  run("fuse_relu_bias_grad", options.fuse_relu_bias_grad && dense, &fuse_relu_bias_grad);
   run("fuse_variable_updates", options.fuse_variable_updates, &fuse_variable_updates);
   run("fuse_elementwise", options.fuse_elementwise, &fuse_elementwise);
   run("prune", true, &prune);
