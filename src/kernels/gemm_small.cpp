@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__x86_64__)
 #pragma GCC push_options
@@ -176,6 +177,53 @@ void column_block(int64_t m, int64_t k, const T* a, int64_t a_row, int64_t a_col
   }
 }
 
+// Rows [0, 8) x columns [0, 8) of `from` (row step ld_from) written transposed into `to` (row step
+// ld_to): unpacks, shuffles and 128-bit swaps, 24 instructions for 64 elements.
+void transpose_8x8(const float* from, int64_t ld_from, float* to, int64_t ld_to) {
+  __m256 r[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(from + i * ld_from);
+  __m256 t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {  // rows 0-3, then 4-7
+    const int o = 4 * h;
+    u[o + 0] = _mm256_shuffle_ps(t[o + 0], t[o + 2], 0x44);
+    u[o + 1] = _mm256_shuffle_ps(t[o + 0], t[o + 2], 0xEE);
+    u[o + 2] = _mm256_shuffle_ps(t[o + 1], t[o + 3], 0x44);
+    u[o + 3] = _mm256_shuffle_ps(t[o + 1], t[o + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(to + i * ld_to, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(to + (i + 4) * ld_to, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
+
+// packed[p * n + j] = b[j * ldb + p]: a transposed B as k rows of n. f32 moves 8 x 8 blocks through
+// registers (about 3x fewer instructions than a scalar gather); the edges, and f64, go element by
+// element, stores in order (stores striding by n would alias the loads 4 KiB apart and stall).
+template <class T>
+void gather_transposed(const T* b, int64_t ldb, int64_t k, int64_t n, T* packed) {
+  int64_t j0 = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t p_blocks = k / 8 * 8;
+    for (; j0 + 8 <= n; j0 += 8) {
+      for (int64_t p = 0; p < p_blocks; p += 8) transpose_8x8(b + j0 * ldb + p, ldb, packed + p * n + j0, n);
+      for (int64_t p = p_blocks; p < k; ++p) {
+        for (int64_t j = j0; j < j0 + 8; ++j) packed[p * n + j] = b[j * ldb + p];
+      }
+    }
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    for (int64_t j = j0; j < n; ++j) packed[p * n + j] = b[j * ldb + p];
+  }
+}
+
 template <class T>
 void small(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
            const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc) {
@@ -184,10 +232,7 @@ void small(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, 
   // reads B's columns contiguously.
   alignas(32) T packed[kSmallGemmPackElements];
   if (transpose_b) {
-    // Stores in order, loads strided: stores striding by n would alias loads 4 KiB apart and stall.
-    for (int64_t p = 0; p < k; ++p) {
-      for (int64_t j = 0; j < n; ++j) packed[p * n + j] = b[j * ldb + p];
-    }
+    gather_transposed(b, ldb, k, n, packed);
     b = packed;
     ldb = n;
   }
