@@ -2,10 +2,12 @@
 // rank-3 operands, transposed and strided views, zero-size dimensions, and the declared errors.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "kernels/gemm_outer.hpp"
+#include "kernels/gemm_small.hpp"
 #include "ops/gemm.hpp"
 #include "support/reference.hpp"
 
@@ -42,6 +44,24 @@ bool check_product(const fl::Tensor& got, const fl::Tensor& a, const fl::Tensor&
     return false;
   }
   return true;
+}
+
+// matmul of a [m, k] and b [k, n] as given, with either or both stored transposed and viewed back
+// (BLAS and our kernels see transpose flags), and as strided views (packed first): the number of
+// the five products within check_product's bound.
+int check_product_views(const fl::Tensor& a, const fl::Tensor& b,
+                        std::source_location loc = std::source_location::current()) {
+  const fl::DType dt = a.dtype();
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
+  const fl::Tensor a_t = fl::transpose(test::make(test::values(fl::transpose(a)), fl::Shape{k, m}, dt));
+  const fl::Tensor b_t = fl::transpose(test::make(test::values(fl::transpose(b)), fl::Shape{n, k}, dt));
+  int ok = 0;
+  ok += check_product(fl::matmul(a, b), a, b, loc) ? 1 : 0;
+  ok += check_product(fl::matmul(a_t, b), a, b, loc) ? 1 : 0;
+  ok += check_product(fl::matmul(a, b_t), a, b, loc) ? 1 : 0;
+  ok += check_product(fl::matmul(a_t, b_t), a, b, loc) ? 1 : 0;
+  ok += check_product(fl::matmul(test::strided_view(a), test::strided_view(b)), a, b, loc) ? 1 : 0;
+  return ok;
 }
 
 }  // namespace
@@ -272,13 +292,7 @@ TEST_CASE("row, column and rank-1 products (BLAS-2 paths) accept transposed and 
       const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
       const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
       // The same values stored transposed, then viewed back: BLAS sees a transpose flag.
-      const fl::Tensor a_t = fl::transpose(test::make(test::values(fl::transpose(a)), fl::Shape{d.k, d.m}, dt));
-      const fl::Tensor b_t = fl::transpose(test::make(test::values(fl::transpose(b)), fl::Shape{d.n, d.k}, dt));
-      compared += check_product(fl::matmul(a, b), a, b) ? 1 : 0;
-      compared += check_product(fl::matmul(a_t, b), a, b) ? 1 : 0;
-      compared += check_product(fl::matmul(a, b_t), a, b) ? 1 : 0;
-      compared += check_product(fl::matmul(a_t, b_t), a, b) ? 1 : 0;
-      compared += check_product(fl::matmul(test::strided_view(a), test::strided_view(b)), a, b) ? 1 : 0;
+      compared += check_product_views(a, b);
     }
   }
   CHECK(compared == 50);
@@ -305,13 +319,7 @@ TEST_CASE("thin products (a 10-wide dimension) match the double reference throug
       CAPTURE(d.n);
       const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
       const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
-      const fl::Tensor a_t = fl::transpose(test::make(test::values(fl::transpose(a)), fl::Shape{d.k, d.m}, dt));
-      const fl::Tensor b_t = fl::transpose(test::make(test::values(fl::transpose(b)), fl::Shape{d.n, d.k}, dt));
-      compared += check_product(fl::matmul(a, b), a, b) ? 1 : 0;
-      compared += check_product(fl::matmul(a_t, b), a, b) ? 1 : 0;
-      compared += check_product(fl::matmul(a, b_t), a, b) ? 1 : 0;
-      compared += check_product(fl::matmul(a_t, b_t), a, b) ? 1 : 0;
-      compared += check_product(fl::matmul(test::strided_view(a), test::strided_view(b)), a, b) ? 1 : 0;
+      compared += check_product_views(a, b);
     }
     // A batch of thin products against a shared rank-2 operand, each matrix checked on its own.
     const fl::Tensor batch = fl::randn(fl::Shape{3, 40, 256}, seed++, dt);
@@ -335,7 +343,9 @@ TEST_CASE("gemm_into overwrites (beta 0, never reading C) or accumulates (beta 1
   };
   for (fl::DType dt : {fl::f32, fl::f64}) {
     CAPTURE(dt);
-    for (const Dims& d : {Dims{256, 64, 10}, Dims{64, 10, 256}, Dims{33, 47, 29}, Dims{300, 200, 250}}) {
+    // 8x256x10, 1x256x10 and 256x8x10 (with a_t) take kernels/gemm_small.hpp.
+    for (const Dims& d : {Dims{256, 64, 10}, Dims{64, 10, 256}, Dims{33, 47, 29}, Dims{300, 200, 250}, Dims{8, 256, 10},
+                          Dims{1, 256, 10}, Dims{256, 8, 10}}) {
       CAPTURE(d.m);
       CAPTURE(d.k);
       CAPTURE(d.n);
@@ -419,5 +429,106 @@ TEST_CASE("outer_product gathers a strided b and accumulates or overwrites") {
       }
     }
     CHECK(bad == 0);
+  }
+}
+
+// Tiny products (kernels/gemm_small.hpp: our AVX2/FMA tiles, 6 rows x 16 f32 or 8 f64 columns, on
+// the calling thread): every row tail (1-5 rows after the 6-row tiles), column tails inside the
+// first and second vector of a block, several blocks, k below and above the four interleaved
+// partial sums, each operand transposed (a transposed B is gathered on the stack), strided views,
+// batches, and a row times a narrow matrix (batch 1's h @ W2, which otherwise goes to GEMV).
+TEST_CASE("small products match the double reference over tails, transposes, views and batches") {
+  int compared = 0, small = 0;
+  uint64_t seed = 800;
+  for (fl::DType dt : {fl::f32, fl::f64}) {
+    CAPTURE(dt);
+    for (int64_t m : {1, 2, 5, 6, 7, 8, 13}) {
+      for (int64_t n : {2, 3, 8, 9, 10, 16, 17, 33}) {
+        for (int64_t k : {2, 3, 10, 31, 256}) {
+          CAPTURE(m);
+          CAPTURE(n);
+          CAPTURE(k);
+          small += fl::detail::small_gemm_pays(m, n, k, false, false) ? 1 : 0;
+          const fl::Tensor a = fl::randn(fl::Shape{m, k}, seed++, dt);
+          const fl::Tensor b = fl::randn(fl::Shape{k, n}, seed++, dt);
+          compared += check_product_views(a, b);
+        }
+      }
+    }
+    // A batch of 3 small products against a shared transposed operand (dy @ W2^T at batch 8).
+    const fl::Tensor batch = fl::randn(fl::Shape{3, 8, 10}, seed++, dt);
+    const fl::Tensor w = fl::randn(fl::Shape{37, 10}, seed++, dt);
+    const fl::Tensor product = fl::matmul(batch, fl::transpose(w));
+    for (int64_t i = 0; i < 3; ++i) {
+      const fl::Tensor ai = fl::reshape(fl::slice(batch, 0, i, 1).contiguous(), fl::Shape{8, 10});
+      const fl::Tensor ci = fl::reshape(fl::slice(product, 0, i, 1).contiguous(), fl::Shape{8, 37});
+      compared += check_product(ci, ai, fl::transpose(w)) ? 1 : 0;
+    }
+  }
+  CHECK(compared == 2 * (7 * 8 * 5 * 5 + 3));
+  // Where the CPU has AVX2 and FMA, nearly every shape above takes the kernel (all but the largest).
+  if (fl::detail::small_gemm_supported()) CHECK(small >= 2 * 7 * 8 * 4);
+}
+
+// The kernel called directly, C a block inside a larger buffer (ldc > n) and A, B with leading
+// dimensions past their rows: the block is written exactly (quarter-step values make every sum
+// exact), beta 0 never reads C (NaN stays out), accumulate adds alpha times the product, and
+// nothing outside the block changes (column tails are stored in 4-, 2- and 1-lane pieces).
+TEST_CASE("small_gemm writes exactly its block of C, overwriting or accumulating") {
+  if (!fl::detail::small_gemm_supported()) return;
+  auto run = [&]<class T>(T, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k) {
+    CAPTURE(sizeof(T));
+    CAPTURE(transpose_a);
+    CAPTURE(transpose_b);
+    CAPTURE(m);
+    CAPTURE(n);
+    CAPTURE(k);
+    const int64_t lda = (transpose_a ? m : k) + 3, ldb = (transpose_b ? k : n) + 2, ldc = n + 5;
+    const int64_t a_rows = transpose_a ? k : m, b_rows = transpose_b ? n : k;
+    std::vector<T> a(static_cast<size_t>(a_rows * lda)), b(static_cast<size_t>(b_rows * ldb));
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<T>(0.25 * static_cast<double>(i % 13) - 1.5);
+    for (size_t j = 0; j < b.size(); ++j) b[j] = static_cast<T>(0.5 - 0.25 * static_cast<double>(j % 7));
+    auto at = [&](int64_t i, int64_t p) { return static_cast<double>(transpose_a ? a[p * lda + i] : a[i * lda + p]); };
+    auto bt = [&](int64_t p, int64_t j) { return static_cast<double>(transpose_b ? b[j * ldb + p] : b[p * ldb + j]); };
+    const T sentinel = static_cast<T>(-7.75);
+    std::vector<T> c(static_cast<size_t>((m + 1) * ldc), std::numeric_limits<T>::quiet_NaN());
+    for (int64_t j = 0; j < ldc; ++j) c[m * ldc + j] = sentinel;  // the row below the block
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = n; j < ldc; ++j) c[i * ldc + j] = sentinel;  // right of the block
+    }
+    fl::detail::small_gemm(transpose_a, transpose_b, m, n, k, T(2), a.data(), lda, b.data(), ldb, false, c.data(), ldc);
+    int bad = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double want = 0;
+        for (int64_t p = 0; p < k; ++p) want += at(i, p) * bt(p, j);
+        bad += static_cast<double>(c[i * ldc + j]) != 2 * want;
+      }
+    }
+    fl::detail::small_gemm(transpose_a, transpose_b, m, n, k, T(-0.5), a.data(), lda, b.data(), ldb, true, c.data(), ldc);
+    for (int64_t i = 0; i <= m; ++i) {
+      for (int64_t j = 0; j < ldc; ++j) {
+        if (i == m || j >= n) {
+          bad += c[i * ldc + j] != sentinel;
+          continue;
+        }
+        double want = 0;
+        for (int64_t p = 0; p < k; ++p) want += at(i, p) * bt(p, j);
+        bad += static_cast<double>(c[i * ldc + j]) != 1.5 * want;
+      }
+    }
+    CHECK(bad == 0);
+  };
+  for (bool transpose_a : {false, true}) {
+    for (bool transpose_b : {false, true}) {
+      for (int64_t m : {1, 4, 6, 11}) {
+        for (int64_t n : {2, 5, 8, 12, 16, 21}) {
+          for (int64_t k : {2, 7, 40}) {
+            run(float{}, transpose_a, transpose_b, m, n, k);
+            run(double{}, transpose_a, transpose_b, m, n, k);
+          }
+        }
+      }
+    }
   }
 }

@@ -9,7 +9,6 @@
 //   3. threads: the process's thread count before and after each peer's first call.
 //   FLOWLET_NUM_THREADS=2 bench_gemm_burst [--trials 15] [--calls 4] [--chunk-us 1000] [--no-wake] [--no-burst]
 //                                          [--shape m k n]...
-#include <cblas.h>
 #include <dirent.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -17,25 +16,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <ctime>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <flowlet/flowlet.hpp>
 
-#ifdef FLOWLET_HAVE_DNNL
-#include <dnnl.h>
-#include <omp.h>
-#endif
-
-#include "../harness.hpp"
-#include "../torch_peer.hpp"
+#include "gemm_contenders.hpp"
 #include "runtime/thread_pool.hpp"
 
 namespace fl = flowlet;
@@ -43,18 +35,11 @@ namespace bench = flowlet_bench;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double us_since(Clock::time_point t0, Clock::time_point t) {
-  return std::chrono::duration<double, std::micro>(t - t0).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
+using flowlet_bench::gemm::Clock;
+using flowlet_bench::gemm::median;
+using flowlet_bench::gemm::us_since;
+using flowlet_bench::gemm::wait_until_process_idle;
+using Product = flowlet_bench::gemm::Product<float>;
 
 // Each thread of the process: its id, name and CPU time so far (ms), from /proc/self/task.
 std::string thread_cpu_times() {
@@ -201,41 +186,16 @@ struct Gemm {
   int64_t m, k, n;
 };
 
-// Sleeps until no thread of this process burns CPU, as bench_gemm_shapes does before each sample.
-double process_cpu_ms() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
-}
-
-void wait_until_process_idle() {
-  const auto give_up = Clock::now() + std::chrono::milliseconds(300);
-  for (;;) {
-    const double before = process_cpu_ms();
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    if (process_cpu_ms() - before < 0.2 || Clock::now() > give_up) return;
-  }
-}
-
 // Per-call times (us) of the first calls after the process went quiet, flowlet and threaded OpenBLAS
 // in turn: shows whether the second thread took part in each call (about half a call's one-thread
 // time) or missed it.
 void run_calls(const Gemm& g, int trials, bool verbose_threads) {
-  const fl::Tensor a = fl::randn({g.m, g.k}, 1);
-  const fl::Tensor b = fl::randn({g.k, g.n}, 2);
+  Product p(g.m, g.k, g.n, false, false);
   fmt::print("\n-- calls {}x{}x{}: per-call us of the first 10 calls after the process went quiet\n", g.m, g.k, g.n);
   fmt::print("   threads before:{}\n", thread_cpu_times());
-  std::vector<float> c(static_cast<size_t>(g.m * g.n));
-  const int M = static_cast<int>(g.m), N = static_cast<int>(g.n), K = static_cast<int>(g.k);
   const int budget = fl::detail::thread_budget();
   const long worker = pool_worker_tid(), caller = static_cast<long>(syscall(SYS_gettid));
   if (verbose_threads) fmt::print("   pool worker thread {}, caller {}\n", worker, caller);
-  auto openblas = [&] {
-    openblas_set_num_threads(budget);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, a.data<float>(), K, b.data<float>(), N, 0.f,
-                c.data(), N);
-    openblas_set_num_threads(1);
-  };
   for (int t = 0; t < trials; ++t) {
     for (int who = 0; who < 2; ++who) {  // flowlet, then threaded OpenBLAS, each after the process went quiet
       wait_until_process_idle();
@@ -243,8 +203,8 @@ void run_calls(const Gemm& g, int trials, bool verbose_threads) {
       std::string line = who == 0 ? "flowlet " : fmt::format("OB {}t   ", budget);
       for (int i = 0; i < 10; ++i) {
         const auto s = Clock::now();
-        if (who == 0) bench::do_not_optimize(fl::matmul(a, b));
-        else openblas();
+        if (who == 0) p.flowlet_matmul();
+        else p.openblas(budget);
         line += fmt::format(" {:6.0f}", us_since(s, Clock::now()));
       }
       const auto w1 = sched_ms(worker), m1 = sched_ms(caller);
@@ -260,38 +220,19 @@ void run_calls(const Gemm& g, int trials, bool verbose_threads) {
 }
 
 void run_burst(const Gemm& g, const std::vector<Peer>& all_peers, int trials, int calls, int budget) {
-  const fl::Tensor a = fl::randn({g.m, g.k}, 1);
-  const fl::Tensor b = fl::randn({g.k, g.n}, 2);
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  std::vector<float> c(static_cast<size_t>(g.m * g.n));
-  const int M = static_cast<int>(g.m), N = static_cast<int>(g.n), K = static_cast<int>(g.k);
+  Product p(g.m, g.k, g.n, false, false);
   std::vector<Peer> peers;
-  peers.push_back({"OpenBLAS 1t", [&] {
-                     openblas_set_num_threads(1);
-                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, pa, K, pb, N, 0.f, c.data(), N);
-                   }});
-  peers.push_back({fmt::format("OpenBLAS {}t", budget), [&] {
-                     openblas_set_num_threads(budget);
-                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, pa, K, pb, N, 0.f, c.data(), N);
-                     openblas_set_num_threads(1);
-                   }});
+  peers.push_back({"OpenBLAS 1t", [&] { p.openblas(1); }});
+  peers.push_back({fmt::format("OpenBLAS {}t", budget), [&] { p.openblas(budget); }});
 #ifdef FLOWLET_HAVE_DNNL
-  peers.push_back({"oneDNN 1t", [&] {
-                     const int threads = omp_get_max_threads();
-                     omp_set_num_threads(1);
-                     dnnl_sgemm('N', 'N', M, N, K, 1.f, pa, K, pb, N, 0.f, c.data(), N);
-                     omp_set_num_threads(threads);
-                   }});
+  peers.push_back({"oneDNN 1t", [&] { p.onednn(); }});
 #endif
 #ifdef FLOWLET_BENCH_HAVE_TORCH
-  const at::Tensor ta = at::from_blob(const_cast<float*>(pa), {g.m, g.k}, at::kFloat);
-  const at::Tensor tb = at::from_blob(const_cast<float*>(pb), {g.k, g.n}, at::kFloat);
-  peers.push_back({"libtorch", [=] { bench::do_not_optimize(at::matmul(ta, tb)); }});
+  peers.push_back({"libtorch", [&] { p.torch(); }});
 #endif
   (void)all_peers;
-  auto flowlet = [&] { bench::do_not_optimize(fl::matmul(a, b)); };
-  const double flops = 2.0 * static_cast<double>(g.m * g.k * g.n);
+  auto flowlet = [&] { p.flowlet_matmul(); };
+  const double flops = p.flops();
   auto sample = [&](const std::function<void()>& f, int n, int products_per_call) {
     const auto s = Clock::now();
     for (int i = 0; i < n; ++i) {
@@ -366,24 +307,14 @@ int main(int argc, char** argv) {
   at::NoGradGuard no_grad;
 #endif
   // The wake probe's peers: a 128x784x256 product each.
-  const fl::Tensor a = fl::randn({128, 784}, 1), b = fl::randn({784, 256}, 2);
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  std::vector<float> c(128 * 256);
+  Product p(128, 784, 256, false, false);
   std::vector<Peer> peers;
-  peers.push_back({"flowlet 128x784x256", [&] { bench::do_not_optimize(fl::matmul(a, b)); }});
+  peers.push_back({"flowlet 128x784x256", [&] { p.flowlet_matmul(); }});
 #ifdef FLOWLET_BENCH_HAVE_TORCH
-  const at::Tensor ta = at::from_blob(const_cast<float*>(pa), {128, 784}, at::kFloat);
-  const at::Tensor tb = at::from_blob(const_cast<float*>(pb), {784, 256}, at::kFloat);
-  peers.push_back({"libtorch 128x784x256", [=] { bench::do_not_optimize(at::matmul(ta, tb)); }});
+  peers.push_back({"libtorch 128x784x256", [&] { p.torch(); }});
 #endif
   // Threaded OpenBLAS last: its threads spin for ~0.11 s after a call, into whatever follows.
-  peers.push_back({fmt::format("OpenBLAS {}t 128x784x256", budget), [&] {
-                     openblas_set_num_threads(budget);
-                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 128, 256, 784, 1.f, pa, 784, pb, 256, 0.f,
-                                 c.data(), 256);
-                     openblas_set_num_threads(1);
-                   }});
+  peers.push_back({fmt::format("OpenBLAS {}t 128x784x256", budget), [&] { p.openblas(budget); }});
   fmt::print("\n-- threads: process {} before any peer\n", process_threads());
   for (const Peer& p : peers) {
     p.call();

@@ -12,14 +12,11 @@
 // it (flowlet uses it for thin f32 pieces).
 //   FLOWLET_NUM_THREADS=2 bench_gemm_shapes [--rounds 9] [--f64] [--train|--squares] [--batch B] [--only TEXT]
 //                                           [--sample-ms 2] [--warm-ms 20] [--old-pacing]
-#include <cblas.h>
-
+//                                           [--shape M K N nn|tn|nt|tt]...  (only these products; t: that
+//                                           operand is a transposed view, as the backward pass has it)
 #include <algorithm>
-#include <chrono>
-#include <ctime>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -27,20 +24,16 @@
 
 #include <flowlet/flowlet.hpp>
 
-#ifdef FLOWLET_HAVE_DNNL
-#include <dnnl.h>
-#include <omp.h>
-#endif
-
-#include "../harness.hpp"
-#include "../torch_peer.hpp"
+#include "gemm_contenders.hpp"
 
 namespace fl = flowlet;
 namespace bench = flowlet_bench;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using flowlet_bench::gemm::Clock;
+using flowlet_bench::gemm::median;
+using flowlet_bench::gemm::wait_until_process_idle;
 
 // op(A)[m, k] @ op(B)[k, n]; a_t: A is stored [k, m] and used transposed (likewise b_t).
 struct Shape {
@@ -92,84 +85,18 @@ double time_ns(Contender& c) {
   return std::chrono::duration<double, std::nano>(Clock::now() - start).count() / static_cast<double>(c.iterations);
 }
 
-// Sleeps until no thread of this process burns CPU (at most 0.3 s): threaded OpenBLAS's idle
-// threads spin for 2^28 cycles (~0.11 s here) after a call, libtorch's OpenMP threads and flowlet's
-// pool workers for shorter. Called before every contender's sample, so each starts on a quiet
-// process whatever ran before it (docs/notes19/gemm.md: a spinning peer thread on the second core
-// halved the split GEMM of whichever contender came next).
-double process_cpu_ms() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
-}
-
-void wait_until_process_idle() {
-  const auto give_up = Clock::now() + std::chrono::milliseconds(300);
-  for (;;) {
-    const double before = process_cpu_ms();
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    if (process_cpu_ms() - before < 0.2 || Clock::now() > give_up) return;
-  }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
-
 template <class T>
 void run_shape(const Shape& s, int rounds, double sample_ms, double warm_ms, int budget, bool old_pacing) {
-  constexpr bool is_f32 = std::is_same_v<T, float>;
-  const fl::DType dtype = is_f32 ? fl::f32 : fl::f64;
-  const fl::Tensor a_stored = fl::randn(s.a_t ? fl::Shape{s.k, s.m} : fl::Shape{s.m, s.k}, 1).astype(dtype);
-  const fl::Tensor b_stored = fl::randn(s.b_t ? fl::Shape{s.n, s.k} : fl::Shape{s.k, s.n}, 2).astype(dtype);
-  const fl::Tensor a = s.a_t ? fl::transpose(a_stored) : a_stored;
-  const fl::Tensor b = s.b_t ? fl::transpose(b_stored) : b_stored;
-  const T* pa = a_stored.data<T>();
-  const T* pb = b_stored.data<T>();
-  std::vector<T> c(static_cast<size_t>(s.m * s.n));
-  const int M = static_cast<int>(s.m), N = static_cast<int>(s.n), K = static_cast<int>(s.k);
-  const int lda = static_cast<int>(s.a_t ? s.m : s.k), ldb = static_cast<int>(s.b_t ? s.k : s.n);
-  const CBLAS_TRANSPOSE ta = s.a_t ? CblasTrans : CblasNoTrans, tb = s.b_t ? CblasTrans : CblasNoTrans;
-  auto gemm = [&] {
-    if constexpr (is_f32) {
-      cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, c.data(), N);
-    } else {
-      cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, 1.0, pa, lda, pb, ldb, 0.0, c.data(), N);
-    }
-    bench::do_not_optimize(c.data());
-  };
-
+  flowlet_bench::gemm::Product<T> p(s.m, s.k, s.n, s.a_t, s.b_t);
   std::vector<Contender> all;
-  all.emplace_back("flowlet", [&] { bench::do_not_optimize(fl::matmul(a, b)); });
-  all.emplace_back("OpenBLAS 1t", [&] {
-    openblas_set_num_threads(1);
-    gemm();
-  });
-  all.emplace_back(fmt::format("OpenBLAS {}t", budget), [&] {
-    openblas_set_num_threads(budget);
-    gemm();
-    openblas_set_num_threads(1);
-  }, true);
+  all.emplace_back("flowlet", [&] { p.flowlet_matmul(); });
+  all.emplace_back("OpenBLAS 1t", [&] { p.openblas(1); });
+  all.emplace_back(fmt::format("OpenBLAS {}t", budget), [&] { p.openblas(budget); }, true);
 #ifdef FLOWLET_HAVE_DNNL
-  if constexpr (is_f32) {  // one thread, as flowlet calls it for thin pieces (src/kernels/gemm_thin.hpp)
-    all.emplace_back("oneDNN 1t", [&] {
-      const int threads = omp_get_max_threads();
-      omp_set_num_threads(1);
-      dnnl_sgemm(s.a_t ? 'T' : 'N', s.b_t ? 'T' : 'N', M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, c.data(), N);
-      omp_set_num_threads(threads);
-      bench::do_not_optimize(c.data());
-    });
-  }
+  if constexpr (std::is_same_v<T, float>) all.emplace_back("oneDNN 1t", [&] { p.onednn(); });
 #endif
 #ifdef FLOWLET_BENCH_HAVE_TORCH
-  const auto torch_dtype = is_f32 ? at::kFloat : at::kDouble;
-  at::Tensor ta_t = at::from_blob(const_cast<T*>(pa), {s.a_t ? s.k : s.m, s.a_t ? s.m : s.k}, torch_dtype);
-  at::Tensor tb_t = at::from_blob(const_cast<T*>(pb), {s.b_t ? s.n : s.k, s.b_t ? s.k : s.n}, torch_dtype);
-  if (s.a_t) ta_t = ta_t.t();
-  if (s.b_t) tb_t = tb_t.t();
-  all.emplace_back("libtorch", [=] { bench::do_not_optimize(at::matmul(ta_t, tb_t)); });
+  all.emplace_back("libtorch", [&] { p.torch(); });
 #endif
 
   // Calibrate each contender so that one sample takes about sample_ms.
@@ -214,7 +141,7 @@ void run_shape(const Shape& s, int rounds, double sample_ms, double warm_ms, int
       if (old_pacing && x.spins_after) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
-  const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.k) * static_cast<double>(s.n);
+  const double flops = p.flops();
   std::string row = fmt::format("{:<18} {:>5}x{:<5}x{:<5}", s.name, s.m, s.k, s.n);
   // The ratio of medians, and of each contender's fastest round (interference from other processes
   // only slows a round down, so the fastest rounds compare what each code can do).
@@ -245,6 +172,7 @@ int main(int argc, char** argv) {
   bool f64 = false, train = true, squares = true, old_pacing = false;
   int64_t only_batch = 0;  // --batch B: only that batch's training shapes
   std::string only_name;   // --only TEXT: only the shapes whose name contains TEXT ("square 512")
+  std::vector<Shape> given;  // --shape M K N FLAGS (nn, tn, nt, tt: which operand is a transposed view)
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
@@ -256,8 +184,14 @@ int main(int argc, char** argv) {
     else if (arg == "--squares") train = false;
     else if (arg == "--batch" && i + 1 < argc) only_batch = std::atoll(argv[++i]);
     else if (arg == "--only" && i + 1 < argc) only_name = argv[++i];
+    else if (arg == "--shape" && i + 4 < argc) {
+      const std::string flags = argv[i + 4];
+      given.push_back({fmt::format("{}x{}x{} {}", argv[i + 1], argv[i + 2], argv[i + 3], flags), std::atoll(argv[i + 1]),
+                       std::atoll(argv[i + 2]), std::atoll(argv[i + 3]), flags.starts_with('t'), flags.ends_with('t')});
+      i += 4;
+    }
     else {
-      fmt::print(stderr, "usage: bench_gemm_shapes [--rounds N] [--sample-ms MS] [--warm-ms MS] [--f64] [--train|--squares] [--batch B] [--only TEXT] [--old-pacing]\n");
+      fmt::print(stderr, "usage: bench_gemm_shapes [--rounds N] [--sample-ms MS] [--warm-ms MS] [--f64] [--train|--squares] [--batch B] [--only TEXT] [--shape M K N nn|tn|nt|tt]... [--old-pacing]\n");
       return 2;
     }
   }
@@ -283,7 +217,8 @@ int main(int argc, char** argv) {
   columns += fmt::format(" {:>8}", "torch");
 #endif
   fmt::print("{:<18} {:>17}  GFLOP/s:{}   flowlet / best (medians; fastest rounds)\n", "shape", "m x k x n", columns);
-  std::vector<Shape> shapes;
+  std::vector<Shape> shapes = given;
+  if (!given.empty()) train = squares = false;
   if (train) {
     for (const Shape& s : training_shapes()) {
       if (only_batch == 0 || s.name.starts_with(fmt::format("B={} ", only_batch))) shapes.push_back(s);

@@ -3,7 +3,8 @@
 // side on the 2-core VM (one thread each, docs/notes18/gemm.md) oneDNN took 0.5-0.95x OpenBLAS's
 // time at these shapes, where OpenBLAS's packing and blocking are sized for big products; at square
 // and 784-wide shapes the two are level, so everything else stays with OpenBLAS. Without oneDNN at
-// build time (FLOWLET_HAVE_DNNL undefined) thin_sgemm declines and OpenBLAS does all.
+// build time (FLOWLET_HAVE_DNNL undefined) thin_sgemm declines and OpenBLAS does all. The smallest
+// and the narrow (n <= 16) products go to our own kernel before either (kernels/gemm_small.hpp).
 #pragma once
 
 #include <cstdint>

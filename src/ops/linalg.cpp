@@ -1,5 +1,6 @@
 // matmul: rank 2 and batched rank 3, through single-threaded BLAS calls spread over the pool:
-// OpenBLAS, or oneDNN's sgemm for thin f32 pieces (kernels/gemm_thin.hpp).
+// OpenBLAS, or oneDNN's sgemm for thin f32 pieces (kernels/gemm_thin.hpp); the tiniest products
+// run our own AVX2 loop instead (kernels/gemm_small.hpp).
 // Transposed views go to BLAS as a transpose flag, not a copy; other strided inputs are copied once.
 // f16 and bf16 (storage types, as for elementwise ops) multiply as f32 copies with f32 accumulation
 // and round the result back once; CUDA does the same inside cuBLAS (CUBLAS_COMPUTE_32F).
@@ -20,6 +21,7 @@
 #include "kernels/blas_threads.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "kernels/gemm_outer.hpp"
+#include "kernels/gemm_small.hpp"
 #include "kernels/gemm_thin.hpp"
 #include "ops/gemm.hpp"
 #include "ops/known_ops.hpp"
@@ -110,8 +112,19 @@ void gemm_block(DType dtype, const BlasOperand& pa, const BlasOperand& pb, const
   ci += (r0 * n + c0) * element;
   const int M = static_cast<int>(r1 - r0), N = static_cast<int>(c1 - c0), K = static_cast<int>(k);
   const int ldc = static_cast<int>(n);
+  const bool transpose_a = pa.transpose != CblasNoTrans, transpose_b = pb.transpose != CblasNoTrans;
+  if (small_gemm_pays(M, N, K, transpose_a, transpose_b)) {  // kernels/gemm_small.hpp
+    if (dtype == f32) {
+      small_gemm(transpose_a, transpose_b, M, N, K, static_cast<float>(alpha), reinterpret_cast<const float*>(ai),
+                 pa.leading, reinterpret_cast<const float*>(bi), pb.leading, beta != 0.0, reinterpret_cast<float*>(ci), ldc);
+    } else {
+      small_gemm(transpose_a, transpose_b, M, N, K, alpha, reinterpret_cast<const double*>(ai), pa.leading,
+                 reinterpret_cast<const double*>(bi), pb.leading, beta != 0.0, reinterpret_cast<double*>(ci), ldc);
+    }
+    return;
+  }
   if (dtype == f32 && thin_sgemm_pays(M, N, K) &&
-      thin_sgemm(pa.transpose != CblasNoTrans, pb.transpose != CblasNoTrans, M, N, K, static_cast<float>(alpha),
+      thin_sgemm(transpose_a, transpose_b, M, N, K, static_cast<float>(alpha),
                  reinterpret_cast<const float*>(ai), pa.leading, reinterpret_cast<const float*>(bi), pb.leading,
                  static_cast<float>(beta), reinterpret_cast<float*>(ci), ldc)) {
     return;  // oneDNN took a thin product (kernels/gemm_thin.hpp)
@@ -203,7 +216,9 @@ void gemm_into(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double
   char* pc = static_cast<char*>(c.raw_data());
   // Small vector products stay on one thread; big ones go through the split GEMM below.
   const double size = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  if (batch == 1 && size < kGemmWorkPerThread * 64 && vector_product(c.dtype(), pa, pb, pc, m, n, k, alpha, beta)) return;
+  // A row times a narrow matrix (batch 1's h @ W2) goes to small_gemm through the blocks below.
+  const bool small = small_gemm_pays(m, n, k, pa.transpose != CblasNoTrans, pb.transpose != CblasNoTrans);
+  if (batch == 1 && !small && size < kGemmWorkPerThread * 64 && vector_product(c.dtype(), pa, pb, pc, m, n, k, alpha, beta)) return;
   const int64_t c_stride = m * n * static_cast<int64_t>(dtype_size(c.dtype()));
   auto block = [&](int64_t i, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     gemm_block(c.dtype(), pa, pb, pa.base + i * pa.batch_stride, pb.base + i * pb.batch_stride, pc + i * c_stride, n,
