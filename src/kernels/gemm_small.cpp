@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #if defined(__x86_64__)
 #pragma GCC push_options
@@ -230,8 +231,14 @@ void small(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, 
   constexpr int W = Lanes<T>::kWidth;
   // A transposed B (a weight used as W^T) is gathered once into k rows of n, so that every tile
   // reads B's columns contiguously.
-  alignas(32) T packed[kSmallGemmPackElements];
+  alignas(32) T on_stack[kSmallGemmPackElements];
+  std::vector<T> on_heap;  // only for a caller past small_gemm_pays's limit
   if (transpose_b) {
+    T* packed = on_stack;
+    if (n * k > kSmallGemmPackElements) {
+      on_heap.resize(static_cast<size_t>(n * k));
+      packed = on_heap.data();
+    }
     gather_transposed(b, ldb, k, n, packed);
     b = packed;
     ldb = n;
