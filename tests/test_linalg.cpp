@@ -530,5 +530,8 @@ TEST_CASE("small_gemm writes exactly its block of C, overwriting or accumulating
         }
       }
     }
+    // A transposed B past the stack buffer (70 x 64 > kSmallGemmPackElements): gathered on the heap.
+    run(float{}, transpose_a, true, 7, 70, 64);
+    run(double{}, transpose_a, true, 7, 70, 64);
   }
 }

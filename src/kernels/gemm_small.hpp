@@ -37,7 +37,8 @@ bool small_gemm_supported();
 // cblas_?gemm(CblasRowMajor, ...) takes the operands (transposes as flags, leading dimensions in
 // elements). Without accumulate C is written without being read (NaN there does not leak in).
 // Each element sums its k terms in k order in up to four interleaved partial sums, one rounding
-// per fused multiply-add. Only for shapes small_gemm_pays accepts.
+// per fused multiply-add. Correct for any shape; fast only where small_gemm_pays says so (a
+// transposed B past kSmallGemmPackElements is gathered on the heap).
 void small_gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                 int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 void small_gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,

@@ -1,6 +1,6 @@
 // matmul: rank 2 and batched rank 3, through single-threaded BLAS calls spread over the pool:
-// OpenBLAS, or oneDNN's sgemm for thin f32 pieces (kernels/gemm_thin.hpp); the tiniest products
-// run our own AVX2 loop instead (kernels/gemm_small.hpp).
+// OpenBLAS, or oneDNN's sgemm for thin f32 pieces (kernels/gemm_thin.hpp); narrow (n <= 16) and
+// tiny products run our own AVX2 loop instead (kernels/gemm_small.hpp).
 // Transposed views go to BLAS as a transpose flag, not a copy; other strided inputs are copied once.
 // f16 and bf16 (storage types, as for elementwise ops) multiply as f32 copies with f32 accumulation
 // and round the result back once; CUDA does the same inside cuBLAS (CUBLAS_COMPUTE_32F).
