@@ -490,20 +490,21 @@ TEST_CASE("optimize writes DOT and JSON before and after every pass into the dum
   for (const auto& entry : std::filesystem::directory_iterator(dir / "nested")) {
     names.insert(entry.path().filename().string());
   }
-  // 12 snapshots (traced + 11 passes) x 2 formats x 2 calls, none overwriting another.
-  CHECK(names.size() == 48);
+  // 14 snapshots (traced + 13 passes) x 2 formats x 2 calls, none overwriting another.
+  CHECK(names.size() == 56);
   std::set<std::string> sequences;
   for (const std::string& name : names) sequences.insert(name.substr(0, name.find('_')));
   CHECK(sequences.size() == 2);
   const std::string first = *sequences.begin();
   for (std::string_view step : {"_00_traced", "_01_prune", "_02_simplify_algebra", "_03_fold_constants",
                                 "_04_eliminate_common_subexpressions", "_05_simplify_algebra",
-                                "_06_place", "_07_fuse_convolutions", "_08_fuse_variable_updates",
-                                "_09_fuse_elementwise", "_10_prune", "_11_insert_send_recv"}) {
+                                "_06_place", "_07_fuse_convolutions", "_08_fuse_matmul_bias",
+                                "_09_fuse_relu_bias_grad", "_10_fuse_variable_updates", "_11_fuse_elementwise",
+                                "_12_prune", "_13_insert_send_recv"}) {
     CHECK(names.count(first + std::string(step) + ".dot") == 1);
     CHECK(names.count(first + std::string(step) + ".json") == 1);
   }
-  std::ifstream json(dir / "nested" / (first + "_11_insert_send_recv.json"));
+  std::ifstream json(dir / "nested" / (first + "_13_insert_send_recv.json"));
   const std::string text((std::istreambuf_iterator<char>(json)), std::istreambuf_iterator<char>());
   CHECK(valid_json(text));
   CHECK(text.find("\"op\":\"neg\"") != std::string::npos);
