@@ -81,10 +81,10 @@ struct DenseCase {
   int64_t m, k, n;
 };
 
-// Odd sizes and tails; batch 1 (GEMV), k = 1 (rank-1), a product big enough to split over threads
+// Odd sizes and tails; two rows (one row stays unfused: next test case), k = 1 (rank-1), a product big enough to split over threads
 // (300 x 200 x 300 is 18M multiply-adds), k = 0 (the bias alone) and m = 0 (empty).
 const std::vector<DenseCase> kCases = {
-    {"1x5x3 (a row)", 1, 5, 3},  {"7x13x9", 7, 13, 9},    {"64x33x17", 64, 33, 17}, {"5x1x6 (k = 1)", 5, 1, 6},
+    {"2x5x3 (two rows)", 2, 5, 3},  {"7x13x9", 7, 13, 9},    {"64x33x17", 64, 33, 17}, {"5x1x6 (k = 1)", 5, 1, 6},
     {"300x200x300 (split)", 300, 200, 300}, {"4x0x3 (k = 0)", 4, 0, 3}, {"0x6x3 (m = 0)", 0, 6, 3},
 };
 
@@ -255,6 +255,14 @@ TEST_CASE("the pass leaves add(matmul) alone where the product or sum is needed 
     auto traced = fl::trace(f);
     CHECK(dense_activations(traced.graph(a, w, b)) == std::vector<std::string>{"activation=none"});
     check_close(traced(a, w, b), f(a, w, b), tolerance(fl::f64, 4));
+  }
+  SUBCASE("one row (a batch-1 step): nothing to save, and the fused node measured slower there") {
+    const fl::Tensor a_row = random({1, 4}, 26);
+    auto f = [](const fl::Tensor& x, const fl::Tensor& wa, const fl::Tensor& ba) { return fl::relu(fl::matmul(x, wa) + ba); };
+    auto traced = fl::trace(f);
+    CHECK(count_ops(traced.graph(a_row, w, b), "matmul_bias") == 0);
+    CHECK(count_ops(traced.graph(a, w, b), "matmul_bias") == 1);
+    check_close(traced(a_row, w, b), f(a_row, w, b), tolerance(fl::f64, 4));
   }
   SUBCASE("a bias that is not [n], and half-precision operands") {
     const fl::Tensor row = random({1, 3}, 24), full = random({5, 3}, 25);
