@@ -81,8 +81,9 @@ struct DenseCase {
   int64_t m, k, n;
 };
 
-// Odd sizes and tails; two rows (one row stays unfused: next test case), k = 1 (rank-1), a product big enough to split over threads
-// (300 x 200 x 300 is 18M multiply-adds), k = 0 (the bias alone) and m = 0 (empty).
+// Odd sizes and tails; two rows (one row stays unfused: see the test case after next), k = 1
+// (rank-1), a product big enough to split over threads (300 x 200 x 300 is 18M multiply-adds),
+// k = 0 (the bias alone) and m = 0 (empty).
 const std::vector<DenseCase> kCases = {
     {"2x5x3 (two rows)", 2, 5, 3},  {"7x13x9", 7, 13, 9},    {"64x33x17", 64, 33, 17}, {"5x1x6 (k = 1)", 5, 1, 6},
     {"300x200x300 (split)", 300, 200, 300}, {"4x0x3 (k = 0)", 4, 0, 3}, {"0x6x3 (m = 0)", 0, 6, 3},
