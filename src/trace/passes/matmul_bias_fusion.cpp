@@ -6,9 +6,10 @@
 //
 // Where: a live matmul of two rank-2 operands, more than one row (see fusible_product), whose
 // output is read only by this add (not a graph output, control input or effect); the add's other
-// operand is [n]; a, w, bias and the result one dtype, f32 or f64; matmul and add on one CPU device (the fused op has only a CPU kernel). The
-// relu is taken over where the add's value is read only by it and by greater(z, 0) nodes after it
-// (relu's gradient; they read the relu's value instead: pattern_readers.hpp); in a training graph
+// operand is [n]; a, w, bias and the result one dtype, f32 or f64; matmul and add on one CPU
+// device (the fused op has only a CPU kernel). The relu is taken over where the add's value is
+// read only by it and by greater(z, 0) nodes after it (relu's gradient; they read the relu's value
+// instead: pattern_readers.hpp); in a training graph
 // the matmul's gradient reads a and w, never the product, so training graphs fuse too.
 //
 // Relies on (flowlet/graph.hpp): topological order, live inputs. Runs after place() and
