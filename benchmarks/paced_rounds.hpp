@@ -44,6 +44,14 @@ struct Pacing {
   bool quiet = true;       // false: no wait before a sample (to see what the pacing removes)
 };
 
+// The median (the mean of the two middle values for an even count; 0 for none).
+inline double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
 struct PacedContender {
   PacedContender(std::string name_, std::function<void()> call_) : name(std::move(name_)), call(std::move(call_)) {}
   std::string name;
@@ -53,12 +61,6 @@ struct PacedContender {
   std::vector<double> quiet_wait_ms;  // how long the process took to go quiet after this one's sample
 
   double median_ns() const { return median_of(per_call_ns); }
-  static double median_of(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    const size_t h = v.size() / 2;
-    return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-  }
 };
 
 // CPU time of every thread of this process so far, in ms.

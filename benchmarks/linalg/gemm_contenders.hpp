@@ -22,6 +22,7 @@
 #endif
 
 #include "../harness.hpp"
+#include "../paced_rounds.hpp"
 #include "../torch_peer.hpp"
 
 namespace flowlet_bench::gemm {
@@ -32,33 +33,16 @@ inline double us_since(Clock::time_point t0, Clock::time_point t) {
   return std::chrono::duration<double, std::micro>(t - t0).count();
 }
 
-inline double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
-
-// CPU time of every thread of this process so far, in ms.
-inline double process_cpu_ms() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
-}
+// Medians and the quiet-process wait are paced_rounds.hpp's (bench_reduce paces its rounds with
+// them too).
+inline double median(std::vector<double> v) { return median_of(std::move(v)); }
 
 // Sleeps until no thread of this process burns CPU (at most 0.3 s): threaded OpenBLAS's idle
 // threads spin for 2^28 cycles (~0.11 s here) after a call, libtorch's OpenMP threads and flowlet's
 // pool workers for shorter. Called before every contender's sample, so each starts on a quiet
 // process whatever ran before it (docs/notes19/gemm.md: a spinning peer thread on the second core
 // halved the split GEMM of whichever contender came next).
-inline void wait_until_process_idle() {
-  const auto give_up = Clock::now() + std::chrono::milliseconds(300);
-  for (;;) {
-    const double before = process_cpu_ms();
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    if (process_cpu_ms() - before < 0.2 || Clock::now() > give_up) return;
-  }
-}
+inline void wait_until_process_idle() { wait_until_quiet(2, 0.1, 300); }
 
 // op(A)[m, k] @ op(B)[k, n] in T (float or double); a_t: A is stored [k, m] and used transposed
 // (likewise b_t). `a` and `b` are the views flowlet's matmul gets; every call writes `c`.

@@ -229,7 +229,7 @@ void interleaved_rounds(const fl::Tensor& t, bench::Pacing pacing) {
   for (bench::PacedContender& c : all) {
     std::vector<double> busy;
     for (int i = 0; i < 5; ++i) busy.push_back(bench::busy_after_call_ms(c.call));
-    busy_after.push_back(bench::PacedContender::median_of(busy));
+    busy_after.push_back(bench::median_of(busy));
   }
   bench::run_paced_rounds(all, pacing);
   auto gbs = [](double ns) { return ns > 0 ? bytes_per_call / ns : 0.0; };
@@ -241,13 +241,13 @@ void interleaved_rounds(const fl::Tensor& t, bench::Pacing pacing) {
     std::sort(rates.begin(), rates.end());
     fmt::print("   {:<30} {:>10.2f}   [{:>5.2f}, {:>5.2f}] {:>14.3f} {:>17.1f} ms {:>15.1f} ms\n", all[i].name,
                gbs(all[i].median_ns()), bench::detail::percentile(rates, 0.1), bench::detail::percentile(rates, 0.9),
-               all[i].median_ns() / 1e6, busy_after[i], bench::PacedContender::median_of(all[i].quiet_wait_ms));
+               all[i].median_ns() / 1e6, busy_after[i], bench::median_of(all[i].quiet_wait_ms));
   }
 #ifdef FLOWLET_BENCH_HAVE_TORCH
   auto ratio_line = [&](const bench::PacedContender& ours, const bench::PacedContender& peer, const char* what) {
     std::vector<double> ratios;
     for (size_t r = 0; r < ours.per_call_ns.size(); ++r) ratios.push_back(peer.per_call_ns[r] / ours.per_call_ns[r]);
-    const double ratio = bench::PacedContender::median_of(ratios);
+    const double ratio = bench::median_of(ratios);
     fmt::print("   {:<5} flowlet / libtorch GB/s: median per-round ratio {:.2f} (range {:.2f} .. {:.2f}; ratio of "
                "medians {:.2f}; target >= 1.0: {})\n",
                what, ratio, *std::min_element(ratios.begin(), ratios.end()),
