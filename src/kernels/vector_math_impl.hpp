@@ -118,7 +118,9 @@ template <class F, class I>
 inline F log_f32(F x) {
   const I tiny = x < 0x1p-126f;  // denormals (and zero and negatives, fixed below): scale up first
   const F scaled = tiny ? x * 0x1p23f : x;
-  const I offset = (I)scaled - 0x3f3504f3;  // bits of sqrt(1/2)
+  // The sign bit is cleared first: a negative x's bits minus sqrt(1/2)'s would overflow int (UB),
+  // and its lanes are replaced by NaN below anyway.
+  const I offset = ((I)scaled & 0x7fffffff) - 0x3f3504f3;  // bits of sqrt(1/2)
   const I e = (offset >> 23) - (tiny & 23);
   const F m = (F)((offset & 0x7fffff) + 0x3f3504f3);
   const F f = m - 1.0f;
