@@ -23,6 +23,7 @@
 #include "exec/executor.hpp"
 #include "runtime/thread_pool.hpp"
 #include "support/reference.hpp"
+#include "support/scoped_env.hpp"
 
 using flowlet::detail::intra_op_threads;
 using flowlet::detail::parallel_for;
@@ -37,31 +38,7 @@ const bool threads_configured = [] { return setenv("FLOWLET_NUM_THREADS", "4", /
 
 constexpr auto kTimeout = std::chrono::seconds(30);
 
-// Sets (or, with nullptr, unsets) an environment variable for a scope, restoring it after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using test::ScopedEnv;
 
 // A countdown with a timed wait (std::latch has none), so a lost task fails the test, not hangs it.
 class Countdown {
