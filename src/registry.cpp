@@ -42,6 +42,7 @@ const std::vector<Op*>& all_ops() {
     detail::add_fused_ops(list);
     detail::add_matmul_bias_ops(list);
     detail::add_relu_bias_grad_ops(list);
+    detail::add_cross_entropy_grad_ops(list);
     detail::add_queue_ops(list);
     detail::add_collective_ops(list);
     detail::add_ps_ops(list);

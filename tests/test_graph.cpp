@@ -499,12 +499,13 @@ TEST_CASE("optimize writes DOT and JSON before and after every pass into the dum
   for (std::string_view step : {"_00_traced", "_01_prune", "_02_simplify_algebra", "_03_fold_constants",
                                 "_04_eliminate_common_subexpressions", "_05_simplify_algebra",
                                 "_06_place", "_07_fuse_convolutions", "_08_fuse_matmul_bias",
-                                "_09_fuse_relu_bias_grad", "_10_fuse_variable_updates", "_11_fuse_elementwise",
-                                "_12_prune", "_13_insert_send_recv"}) {
+                                "_09_fuse_relu_bias_grad", "_10_fuse_cross_entropy_grad",
+                                "_11_fuse_variable_updates", "_12_fuse_elementwise", "_13_prune",
+                                "_14_insert_send_recv"}) {
     CHECK(names.count(first + std::string(step) + ".dot") == 1);
     CHECK(names.count(first + std::string(step) + ".json") == 1);
   }
-  std::ifstream json(dir / "nested" / (first + "_13_insert_send_recv.json"));
+  std::ifstream json(dir / "nested" / (first + "_14_insert_send_recv.json"));
   const std::string text((std::istreambuf_iterator<char>(json)), std::istreambuf_iterator<char>());
   CHECK(valid_json(text));
   CHECK(text.find("\"op\":\"neg\"") != std::string::npos);

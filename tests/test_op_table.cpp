@@ -1015,6 +1015,7 @@ const std::map<std::string, std::string> kWithoutRow = [] {
       {"fused_elementwise", "inserted by the fusion pass, no public function (test_fusion checks it against the unfused ops)"},
       {"matmul_bias", "inserted by the fuse_matmul_bias pass, no public function (test_fusion_dense checks it against matmul, add and relu)"},
       {"relu_bias_grad", "inserted by the fuse_relu_bias_grad pass, no public function (test_fusion_dense checks it against where and sum)"},
+      {"softmax_cross_entropy_grad", "inserted by the fuse_cross_entropy_grad pass, no public function (test_fusion_loss checks it against the unfused ops)"},
       {"print", "writes to stderr and returns its input (test_trace)"},
       {"host_callback", "returns nothing; calls host code (test_trace)"},
       {"barrier", "returns nothing and takes no tensor (test_collective_ops)"},

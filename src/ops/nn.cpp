@@ -14,6 +14,7 @@
 #include "kernels/elementwise_loop.hpp"
 #include "ops/attributes.hpp"
 #include "ops/registry.hpp"
+#include "ops/softmax_line.hpp"
 
 namespace flowlet {
 namespace detail {
@@ -91,17 +92,7 @@ void softmax_kernel(const OpCall& call, std::span<Tensor> out) {
                  [&](int64_t begin, int64_t end) {
                    for (int64_t line = begin; line < end; ++line) {
                      const int64_t start = (line / inner) * extent * inner + line % inner;
-                     const T* xs = x + start;
-                     T* ys = y + start;
-                     T top = -std::numeric_limits<T>::infinity();
-                     for (int64_t i = 0; i < extent; ++i) top = std::max(top, xs[i * inner]);
-                     double total = 0.0;
-                     for (int64_t i = 0; i < extent; ++i) total += std::exp(static_cast<double>(xs[i * inner] - top));
-                     const T log_total = static_cast<T>(std::log(total));
-                     for (int64_t i = 0; i < extent; ++i) {
-                       const T shifted = xs[i * inner] - top - log_total;
-                       ys[i * inner] = Log ? shifted : std::exp(shifted);
-                     }
+                     softmax_line<Log>(x + start, y + start, extent, inner);
                    }
                  });
   });

@@ -28,6 +28,7 @@ void add_transfer_ops(std::vector<Op*>& ops);  // send, recv
 void add_fused_ops(std::vector<Op*>& ops);     // fused_elementwise
 void add_matmul_bias_ops(std::vector<Op*>& ops);  // matmul_bias (src/ops/matmul_bias.cpp)
 void add_relu_bias_grad_ops(std::vector<Op*>& ops);  // relu_bias_grad (src/ops/relu_bias_grad.cpp)
+void add_cross_entropy_grad_ops(std::vector<Op*>& ops);  // softmax_cross_entropy_grad (src/ops/cross_entropy_grad.cpp)
 void add_queue_ops(std::vector<Op*>& ops);     // queue_enqueue, queue_dequeue (src/queue/queue_ops.cpp)
 
 // all_reduce, broadcast, all_gather, reduce_scatter, barrier (src/collective/ops/collective_ops.cpp).

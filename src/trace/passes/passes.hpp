@@ -21,6 +21,7 @@ struct PassOptions {
   bool fuse_convolutions = true;  // also off when FLOWLET_CONV_FUSION=0
   bool fuse_matmul_bias = true;     // also off when FLOWLET_DENSE_FUSION=0
   bool fuse_relu_bias_grad = true;  // also off when FLOWLET_DENSE_FUSION=0
+  bool fuse_cross_entropy_grad = true;  // also off when FLOWLET_DENSE_FUSION=0
   // Write the graph (DOT and JSON) before the first pass and after every pass into this folder.
   // Empty: the environment variable FLOWLET_DUMP_GRAPHS decides (unset: no dumps).
   std::string dump_dir;
@@ -51,8 +52,11 @@ void fuse_matmul_bias(Graph& graph);
 // where(y > 0, g, 0) and its column sums sum(.., {0}, keepdims) -> one relu_bias_grad node with both
 // outputs (see relu_bias_grad_fusion.cpp).
 void fuse_relu_bias_grad(Graph& graph);
-// False when FLOWLET_DENSE_FUSION is "0": both dense-layer rewrites above (read at every
-// optimize(), as for convolutions).
+// g * (softmax(logits) - one_hot(labels, C)) (softmax_cross_entropy's gradient) -> one
+// softmax_cross_entropy_grad node (see cross_entropy_grad_fusion.cpp).
+void fuse_cross_entropy_grad(Graph& graph);
+// False when FLOWLET_DENSE_FUSION is "0": the dense-layer rewrites and the cross-entropy gradient
+// above (read at every optimize(), as for convolutions).
 bool dense_fusion_enabled_by_environment();
 // Chains of elementwise ops over same-shaped tensors become one fused node.
 void fuse_elementwise(Graph& graph);

@@ -90,6 +90,7 @@ void optimize(Graph& graph, const PassOptions& options) {
   const bool dense = dense_fusion_enabled_by_environment();
   run("fuse_matmul_bias", options.fuse_matmul_bias && dense, &fuse_matmul_bias);
   run("fuse_relu_bias_grad", options.fuse_relu_bias_grad && dense, &fuse_relu_bias_grad);
+  run("fuse_cross_entropy_grad", options.fuse_cross_entropy_grad && dense, &fuse_cross_entropy_grad);
   run("fuse_variable_updates", options.fuse_variable_updates, &fuse_variable_updates);
   run("fuse_elementwise", options.fuse_elementwise, &fuse_elementwise);
   run("prune", true, &prune);

@@ -1,0 +1,125 @@
+// fuse_cross_entropy_grad: the logits' gradient that softmax_cross_entropy's gradient rule records,
+// mul(g, sub(softmax(logits), cast(one_hot(labels, C)))) with g [N, 1] (the loss's gradient
+// reshaped; after constant folding often a constant), becomes one softmax_cross_entropy_grad node
+// (src/ops/cross_entropy_grad.hpp): one pass over [N, C] where eager runs one_hot, the cast (gone
+// for f32 logits: simplify_algebra drops casts to the same dtype), softmax, sub and mul, each a
+// node, a pass and an [N, C] buffer.
+//
+// Where: a live mul with one operand [N, 1] and the other output 0 of a live sub read by nothing
+// else (not pinned); the sub reads softmax(logits) over the last axis (1 or -1) of a rank-2 logits
+// [N, C] first and, second, one_hot(labels, C) of labels [N], directly or through a cast to the
+// logits' dtype; mul, sub, softmax, one_hot and cast on one CPU device; logits, g and the mul's
+// output [N, C] one dtype, f32 or f64. The softmax and one_hot may have other readers (they then
+// stay for them): the pattern computes the fused op's value whatever made it.
+//
+// Relies on (flowlet/graph.hpp): topological order, live inputs. Runs after place() (device
+// checks) and before fuse_elementwise (which would otherwise fuse the sub and mul). Keeps: the mul
+// becomes the fused node at its own id, name and uses; its inputs (logits, labels, g) come before
+// the softmax, one_hot or mul that read them, so before it; it takes the control inputs of every
+// node it replaces (all before it). The sub, and a softmax, cast or one_hot read only by the
+// replaced chain, are removed (they stay in place with `removed` set).
+//
+// Switched off with PassOptions::fuse_cross_entropy_grad = false or FLOWLET_DENSE_FUSION=0 (which
+// turns off the dense-layer rewrites too: with it, a traced step runs the ops eager runs).
+#include "ops/attributes.hpp"
+#include "ops/cross_entropy_grad.hpp"
+#include "ops/elementwise_ops.hpp"
+#include "ops/known_ops.hpp"
+#include "trace/passes/passes.hpp"
+#include "trace/passes/pattern_readers.hpp"
+
+namespace flowlet::detail {
+namespace {
+
+// The ops the pattern names, found once (softmax and one_hot keep their Op values to themselves).
+struct PatternOps {
+  const Op* mul = &elementwise_op(ElementwiseOp::mul);
+  const Op* sub = &elementwise_op(ElementwiseOp::sub);
+  const Op* softmax = find_op("softmax");
+  const Op* one_hot = find_op("one_hot");
+};
+
+// Output 0 of a live node of `op` on `device` with one output, or false.
+bool is_single_output(const Graph& graph, ValueRef v, const Op* op, const Device& device) {
+  const Node& n = graph.node(v.node);
+  return v.output == 0 && is_live_op(n, op) && n.outputs.size() == 1 && n.device == device;
+}
+
+// A node the rewrite leaves without readers: its only reader was the replaced chain.
+bool only_read_by_chain(const Readers& readers, int32_t id) {
+  const auto i = static_cast<size_t>(id);
+  return !readers.pinned[i] && readers.of[i].size() == 1;
+}
+
+void fuse_at(Graph& graph, const Readers& readers, const PatternOps& ops, int32_t id) {
+  const Node& mul = graph.node(id);
+  if (mul.inputs.size() != 2 || mul.outputs.size() != 1 || mul.device.kind() != DeviceKind::cpu) return;
+  const TensorMeta& out = mul.outputs[0];
+  if (out.shape.rank() != 2 || (out.dtype != f32 && out.dtype != f64)) return;
+  const int64_t n = out.shape[0], classes = out.shape[1];
+  for (int side = 0; side < 2; ++side) {
+    const ValueRef diff = mul.inputs[static_cast<size_t>(side)];
+    const ValueRef g = mul.inputs[static_cast<size_t>(1 - side)];
+    const TensorMeta& gm = graph.meta(g);
+    if (gm.shape != Shape{n, 1} || gm.dtype != out.dtype) continue;
+    if (!is_single_output(graph, diff, ops.sub, mul.device) || !only_read_by_chain(readers, diff.node)) continue;
+    const Node& sub = graph.node(diff.node);
+    if (sub.inputs.size() != 2 || sub.outputs[0].shape != out.shape || sub.outputs[0].dtype != out.dtype) continue;
+
+    const ValueRef probs = sub.inputs[0];
+    if (!is_single_output(graph, probs, ops.softmax, mul.device)) continue;
+    const Node& softmax = graph.node(probs.node);
+    const int64_t axis = static_cast<const AxisAttrs*>(softmax.attributes.get())->axis;
+    const ValueRef logits = softmax.inputs[0];
+    const TensorMeta& lm = graph.meta(logits);
+    if ((axis != 1 && axis != -1) || lm.shape != out.shape || lm.dtype != out.dtype) continue;
+
+    // The targets: one_hot(labels, C), or a cast of it to the logits' dtype.
+    ValueRef targets = sub.inputs[1];
+    int32_t cast = -1;
+    if (is_single_output(graph, targets, &cast_op, mul.device) && graph.node(targets.node).inputs.size() == 1) {
+      if (graph.node(targets.node).outputs[0].dtype != out.dtype) continue;
+      cast = targets.node;
+      targets = graph.node(targets.node).inputs[0];
+    }
+    if (!is_single_output(graph, targets, ops.one_hot, mul.device)) continue;
+    const Node& one_hot = graph.node(targets.node);
+    const ValueRef labels = one_hot.inputs[0];
+    const TensorMeta& labels_meta = graph.meta(labels);
+    if (static_cast<const OneHotAttrs*>(one_hot.attributes.get())->depth != classes ||
+        labels_meta.shape != Shape{n} || (labels_meta.dtype != i32 && labels_meta.dtype != i64) ||
+        one_hot.outputs[0].dtype != (cast < 0 ? out.dtype : f32)) {
+      continue;
+    }
+
+    // Rewrite: the mul computes the whole chain; what only the chain read goes.
+    const int32_t sub_id = diff.node, softmax_id = probs.node, one_hot_id = targets.node;
+    Node& fused = graph.node(id);
+    fused.op = &cross_entropy_grad_op;
+    fused.inputs = {logits, labels, g};
+    fused.attributes = nullptr;
+    for (int32_t replaced : {sub_id, softmax_id, cast, one_hot_id}) {
+      if (replaced >= 0) merge_control_inputs(fused, graph.node(replaced));
+    }
+    graph.node(sub_id).removed = true;
+    if (only_read_by_chain(readers, softmax_id)) graph.node(softmax_id).removed = true;
+    const bool cast_goes = cast < 0 || only_read_by_chain(readers, cast);
+    if (cast >= 0 && cast_goes) graph.node(cast).removed = true;
+    if (cast_goes && only_read_by_chain(readers, one_hot_id)) graph.node(one_hot_id).removed = true;
+    return;
+  }
+}
+
+}  // namespace
+
+void fuse_cross_entropy_grad(Graph& graph) {
+  static const PatternOps ops;
+  if (ops.softmax == nullptr || ops.one_hot == nullptr) return;
+  const Readers readers(graph);
+  for (size_t i = 0; i < graph.nodes().size(); ++i) {
+    const auto id = static_cast<int32_t>(i);
+    if (is_live_op(graph.node(id), ops.mul)) fuse_at(graph, readers, ops, id);
+  }
+}
+
+}  // namespace flowlet::detail
