@@ -8,10 +8,13 @@
 // Options: --no-tf (flowlet only), --rounds R (default 15), --tf-samples S (default 7), --unfused
 // (also times Adam's per-op update(), a subclass apply() does not fuse, in the same rounds: the
 // fused optimizer_update against what it replaced), --no-dense-too (also times the traced step
-// traced with FLOWLET_DENSE_FUSION=0 in the same rounds: what the dense-layer fusions save,
-// matmul_bias and relu_bias_grad).
+// traced with FLOWLET_DENSE_FUSION=0 in the same rounds: what the dense-layer and cross-entropy
+// fusions save, matmul_bias, relu_bias_grad and softmax_cross_entropy_grad), --sequential-too and
+// --concurrent-too (also time the traced step with FLOWLET_EXECUTOR=sequential / concurrent: what
+// the executor's choice of mode is worth).
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <chrono>
 #include <cstdio>
@@ -42,6 +45,14 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The median over rounds of num[i] / den[i]: each ratio compares two contenders timed back to back
+// in one round, so load that changes between rounds (other processes' builds) mostly cancels.
+double median_ratio(const std::vector<double>& num, const std::vector<double>& den) {
+  std::vector<double> ratios;
+  for (size_t i = 0; i < num.size() && i < den.size(); ++i) ratios.push_back(num[i] / den[i]);
+  return ratios.empty() ? NAN : median(ratios);
+}
+
 double process_cpu_us() {
   timespec t{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
@@ -63,15 +74,31 @@ double round_us(Step& step, const Batch& data, int steps, std::vector<double>* c
 
 int main(int argc, char** argv) {
   std::vector<int64_t> batches;
-  bool with_tf = true, unfused = false, no_dense_too = false;
+  bool with_tf = true, unfused = false;
+  // Traced steps traced under an environment setting (read as the step is first optimized and
+  // planned), timed in the same rounds as the others on request.
+  struct Variant {
+    const char* option;
+    const char* variable;
+    const char* value;
+    const char* what;
+    bool on = false;
+  };
+  Variant variants[] = {
+      {"--no-dense-too", "FLOWLET_DENSE_FUSION", "0", "without the dense-layer and cross-entropy fusions"},
+      {"--sequential-too", "FLOWLET_EXECUTOR", "sequential", "with the sequential executor"},
+      {"--concurrent-too", "FLOWLET_EXECUTOR", "concurrent", "with the concurrent executor"},
+  };
   int rounds = 15, tf_samples = 7;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--no-tf") == 0) {
       with_tf = false;
     } else if (std::strcmp(argv[i], "--unfused") == 0) {
       unfused = true;
-    } else if (std::strcmp(argv[i], "--no-dense-too") == 0) {
-      no_dense_too = true;
+    } else if (Variant* v = std::find_if(std::begin(variants), std::end(variants),
+                                         [&](const Variant& x) { return std::strcmp(argv[i], x.option) == 0; });
+               v != std::end(variants)) {
+      v->on = true;
     } else if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
       rounds = std::max(2, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--tf-samples") == 0 && i + 1 < argc) {
@@ -98,21 +125,39 @@ int main(int argc, char** argv) {
         return l;
       };
     };
-    FlowletMlp no_dense_model;
-    fl::optim::Adam no_dense_adam(1e-3);
     auto eager = make(eager_model, eager_adam);
     auto traced = fl::trace(make(traced_model, traced_adam));
     auto eager_unfused = make(eager_unfused_model, eager_unfused_adam);
     auto traced_unfused = fl::trace(make(traced_unfused_model, traced_unfused_adam));
-    auto traced_no_dense = fl::trace(make(no_dense_model, no_dense_adam));
-    if (no_dense_too) {  // the passes read the switch as they optimize: at the first call
-      setenv("FLOWLET_DENSE_FUSION", "0", 1);
-      round_us(traced_no_dense, data, 1);
-      unsetenv("FLOWLET_DENSE_FUSION");
+    // One model, optimizer, traced step and samples per variant asked for (stable addresses).
+    struct VariantRun {
+      const Variant* variant;
+      FlowletMlp model;
+      fl::optim::Adam adam{1e-3};
+      std::function<fl::Tensor(fl::Tensor, fl::Tensor)> step;
+      std::vector<double> wall, cpu;
+    };
+    std::vector<std::unique_ptr<VariantRun>> variant_runs;
+    for (const Variant& v : variants) {
+      if (!v.on) continue;
+      auto run = std::make_unique<VariantRun>();
+      run->variant = &v;
+      auto traced_variant = fl::trace(make(run->model, run->adam));
+      const char* before = std::getenv(v.variable);
+      const std::string saved = before != nullptr ? before : "";
+      setenv(v.variable, v.value, 1);
+      (void)traced_variant(data.x, data.labels).item<float>();  // optimized and planned under the setting
+      if (before != nullptr) {
+        setenv(v.variable, saved.c_str(), 1);
+      } else {
+        unsetenv(v.variable);
+      }
+      run->step = std::move(traced_variant);
+      variant_runs.push_back(std::move(run));
     }
     const int steps = batch >= 512 ? 5 : 20;
     // The contenders of a round: eager and traced always; the others on request.
-    std::vector<double> e, t, eu, tu, tn, e_cpu, t_cpu, tn_cpu;
+    std::vector<double> e, t, eu, tu, e_cpu, t_cpu;
     struct Contender {
       std::function<double()> round;
       std::vector<double>* samples;
@@ -123,7 +168,9 @@ int main(int argc, char** argv) {
       contenders.push_back({[&] { return round_us(eager_unfused, data, steps); }, &eu});
       contenders.push_back({[&] { return round_us(traced_unfused, data, steps); }, &tu});
     }
-    if (no_dense_too) contenders.push_back({[&] { return round_us(traced_no_dense, data, steps, &tn_cpu); }, &tn});
+    for (auto& run : variant_runs) {
+      contenders.push_back({[&data, steps, r = run.get()] { return round_us(r->step, data, steps, &r->cpu); }, &run->wall});
+    }
     for (int i = 0; i < 3; ++i) {  // warm-up (and the trace)
       round_us(eager, data, 1);
       round_us(traced, data, 1);
@@ -131,7 +178,7 @@ int main(int argc, char** argv) {
         round_us(eager_unfused, data, 1);
         round_us(traced_unfused, data, 1);
       }
-      if (no_dense_too) round_us(traced_no_dense, data, 1);
+      for (auto& run : variant_runs) round_us(run->step, data, 1);
     }
     // Each round times every contender once, in a balanced order (round_order.hpp): eager first in
     // one round, traced first in the next, so neither always runs in the other's wake.
@@ -159,10 +206,13 @@ int main(int argc, char** argv) {
     // FLOWLET_NUM_THREADS=1 the work each step does, which load moves far less than wall time.
     std::printf("   cpu per step: eager %.0f us, traced %.0f us, traced/eager %.2f\n", median(e_cpu), median(t_cpu),
                 median(t_cpu) / median(e_cpu));
-    if (no_dense_too) {
-      std::printf("   traced without the dense-layer fusions in the same rounds: %.0f us (cpu %.0f us); fused/unfused %.3f "
-                  "(cpu %.3f)\n",
-                  median(tn), median(tn_cpu), traced_us / median(tn), median(t_cpu) / median(tn_cpu));
+    std::printf("   median of the per-round ratios traced/eager: wall %.3f, cpu %.3f\n", median_ratio(t, e),
+                median_ratio(t_cpu, e_cpu));
+    for (const auto& run : variant_runs) {
+      std::printf("   traced %s in the same rounds: %.0f us (cpu %.0f us); traced/this %.3f (cpu %.3f), per-round "
+                  "median %.3f (cpu %.3f)\n",
+                  run->variant->what, median(run->wall), median(run->cpu), traced_us / median(run->wall),
+                  median(t_cpu) / median(run->cpu), median_ratio(t, run->wall), median_ratio(t_cpu, run->cpu));
     }
     if (unfused) {
       std::printf("   per-op Adam update() in the same rounds: eager %.0f us, traced %.0f us; fused/per-op: eager %.2f, "
