@@ -4,14 +4,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 #include <vector>
 
 #include "core/check.hpp"
 #include "core/dtype_visit.hpp"
 #include "kernels/dtypes.hpp"
-#include "kernels/vector_math.hpp"
 #include "ops/registry.hpp"
 #include "ops/softmax_line.hpp"
 #include "runtime/thread_pool.hpp"
@@ -65,28 +63,15 @@ void exact_rows(const T* x, const T* g, const int64_t* label, T* dx, int64_t cla
   }
 }
 
-// Rows [begin, end) of f32 logits with the vectorized exp (kernels/vector_math.hpp, <= 1 ulp): the
-// rows' x - max go into dx, one exp call covers the whole block (short rows of 10 classes would
-// give it nothing to vectorize one at a time), p = e / sum(e) (the sum in f64). Eager's softmax
-// takes a libm exp in f64 and another in f32 per element, which made this node cost as much as
-// the softmax it replaces (205 us at 1024 x 10, profile_step, load 8); p differs from eager's by
-// a few ulp.
+// Rows [begin, end) of f32 logits: the softmax rows eager's f32 softmax op computes
+// (softmax_rows_f32, one vectorized exp over the block), then g * (p - target). The libm version of
+// this node cost as much as the softmax it replaced (205 us at 1024 x 10, profile_step, load 8).
 void vector_rows(VectorMathF32 exp, const float* x, const float* g, const int64_t* label, float* dx, int64_t classes,
                  int64_t begin, int64_t end) {
-  for (int64_t r = begin; r < end; ++r) {
-    const float* xr = x + r * classes;
-    float* row = dx + r * classes;
-    float top = -std::numeric_limits<float>::infinity();
-    for (int64_t c = 0; c < classes; ++c) top = std::max(top, xr[c]);
-    for (int64_t c = 0; c < classes; ++c) row[c] = xr[c] - top;
-  }
-  exp(dx + begin * classes, dx + begin * classes, (end - begin) * classes);
+  softmax_rows_f32(exp, x, dx, classes, begin, end);
   for (int64_t r = begin; r < end; ++r) {
     float* row = dx + r * classes;
-    double total = 0.0;
-    for (int64_t c = 0; c < classes; ++c) total += static_cast<double>(row[c]);
-    const auto sum = static_cast<float>(total);
-    for (int64_t c = 0; c < classes; ++c) row[c] = g[r] * (row[c] / sum - (c == label[r] ? 1.0f : 0.0f));
+    for (int64_t c = 0; c < classes; ++c) row[c] = g[r] * (row[c] - (c == label[r] ? 1.0f : 0.0f));
   }
 }
 

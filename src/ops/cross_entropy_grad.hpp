@@ -11,10 +11,9 @@ namespace flowlet::detail {
 // Inputs logits [N, C] (f32 or f64, any strides), labels [N] (i32 or i64, each in [0, C)) and the
 // loss's incoming gradient g [N, 1] in the logits' dtype. Output dx [N, C] = g * (softmax(logits) -
 // one_hot(labels, C)): one node and one pass where eager runs one_hot, (cast), softmax, sub and
-// mul, each a pass over [N, C]. f64 (and f32 on CPUs without AVX2) runs eager's arithmetic (the
-// softmax op's line, src/ops/softmax_line.hpp) and equals eager bit for bit; f32 takes its exps
-// from the vectorized exp (kernels/vector_math.hpp) over blocks of rows and stays within a few ulp
-// of eager's softmax. A label outside [0, C) throws OutOfRange naming the op. No gradient: the
+// mul, each a pass over [N, C]. The softmax is the softmax op's own arithmetic
+// (src/ops/softmax_line.hpp: f32 rows with the vectorized exp, f64 lines with libm), so the result
+// equals eager's bit for bit. A label outside [0, C) throws OutOfRange naming the op. No gradient: the
 // pass runs after gradients were recorded.
 extern Op cross_entropy_grad_op;
 

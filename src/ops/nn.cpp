@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "flowlet/dispatch.hpp"
 #include "flowlet/ops/elementwise.hpp"
@@ -74,7 +75,8 @@ void softmax_infer(const OpCall& call, OutputSpec& spec) {
   spec.outputs[0] = {t.shape(), t.dtype()};
 }
 
-// For each line along the axis: out = x - max - log(sum(exp(x - max))) (log form) or its exp.
+// For each line along the axis: out = x - max - log(sum(exp(x - max))) (log form) or its exp (f32
+// over the last axis: exp(x - max) / sum, with the vectorized exp).
 template <bool Log>
 void softmax_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor t = call.inputs[0].contiguous();
@@ -85,10 +87,19 @@ void softmax_kernel(const OpCall& call, std::span<Tensor> out) {
   const int64_t extent = t.shape()[axis];
   for (size_t d = 0; d < axis; ++d) outer *= t.shape()[d];
   for (size_t d = axis + 1; d < t.shape().size(); ++d) inner *= t.shape()[d];
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(extent, 1));
   visit_dtype<kFloatCompute>(t.dtype(), [&]<class T>(TypeTag<T>) {
     const T* x = static_cast<const T*>(t.raw_data());
     T* y = static_cast<T*>(out[0].raw_data());
-    parallel_for(outer * inner, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(extent, 1)),
+    if constexpr (!Log && std::is_same_v<T, float>) {
+      // f32 softmax over the last axis: rows with the vectorized exp (what the fused cross-entropy
+      // gradient also runs, so traced and eager training steps stay equal bit for bit).
+      if (const VectorMathF32 exp = vector_exp_f32(); exp != nullptr && inner == 1) {
+        parallel_for(outer, grain, [&](int64_t begin, int64_t end) { softmax_rows_f32(exp, x, y, extent, begin, end); });
+        return;
+      }
+    }
+    parallel_for(outer * inner, grain,
                  [&](int64_t begin, int64_t end) {
                    for (int64_t line = begin; line < end; ++line) {
                      const int64_t start = (line / inner) * extent * inner + line % inner;
