@@ -8,6 +8,7 @@
 
 #include "kernels/gemm_outer.hpp"
 #include "kernels/gemm_small.hpp"
+#include "kernels/gemm_split.hpp"
 #include "ops/gemm.hpp"
 #include "support/reference.hpp"
 
@@ -534,4 +535,84 @@ TEST_CASE("small_gemm writes exactly its block of C, overwriting or accumulating
     run(float{}, transpose_a, true, 7, 70, 64);
     run(double{}, transpose_a, true, 7, 70, 64);
   }
+}
+
+// The piece edges of a split product (kernels/gemm_split.hpp): hand cases, then every extent up
+// to 1100 at 1-4 threads for the properties the driver relies on.
+TEST_CASE("guided and even GEMM pieces cover the extent in aligned, non-empty, ordered pieces") {
+  using fl::detail::GemmPieces;
+  auto edges = [](const GemmPieces& p) { return std::vector<int64_t>(p.edges.begin(), p.edges.begin() + p.count + 1); };
+  // 1024 rows, 2 threads: a quarter of what is left each time, rounded up to 16, at least 64,
+  // the last 112 rows in one piece (64 would leave 48).
+  CHECK(edges(fl::detail::guided_gemm_pieces(1024, 2, 16, 64)) ==
+        std::vector<int64_t>{0, 256, 448, 592, 704, 784, 848, 912, 1024});
+  CHECK(edges(fl::detail::guided_gemm_pieces(256, 2, 16, 64)) == std::vector<int64_t>{0, 64, 128, 192, 256});
+  // Below 2 * parts * min_piece: even halves, as before guided pieces.
+  CHECK(edges(fl::detail::guided_gemm_pieces(255, 2, 16, 64)) == std::vector<int64_t>{0, 112, 255});
+  CHECK(edges(fl::detail::guided_gemm_pieces(128, 2, 16, 64)) == std::vector<int64_t>{0, 64, 128});
+  CHECK(edges(fl::detail::even_gemm_pieces(40, 3, 16)) == std::vector<int64_t>{0, 16, 40});  // 40 / 16 = 2 pieces
+  CHECK(edges(fl::detail::even_gemm_pieces(7, 2, 16)) == std::vector<int64_t>{0, 7});
+  CHECK(fl::detail::guided_gemm_pieces(0, 2, 16, 64).count == 0);
+  int bad = 0, checked = 0;
+  for (int64_t parts = 1; parts <= 4; ++parts) {
+    for (int64_t extent = 1; extent <= 1100; ++extent) {
+      for (const GemmPieces& p : {fl::detail::guided_gemm_pieces(extent, parts, 16, 64), fl::detail::even_gemm_pieces(extent, parts, 16)}) {
+        ++checked;
+        bool ok = p.count >= 1 && p.count <= fl::detail::kMaxGemmPieces && p.edges[0] == 0 && p.edges[p.count] == extent;
+        for (int64_t j = 0; j < p.count; ++j) ok = ok && p.edges[j + 1] > p.edges[j];
+        for (int64_t j = 1; j < p.count; ++j) ok = ok && p.edges[j] % 16 == 0;
+        // As many pieces as threads wherever the extent has that many aligned blocks.
+        ok = ok && p.count >= std::min(parts, std::max<int64_t>(extent / 16, 1));
+        if (!ok) {
+          ++bad;
+          CAPTURE(parts);
+          CAPTURE(extent);
+          FAIL_CHECK("bad pieces");
+        }
+      }
+    }
+  }
+  CHECK(bad == 0);
+  CHECK(checked == 4 * 1100 * 2);
+  // Guided pieces are never shorter than min_piece, and shrink (but for the last, which takes a
+  // rest shorter than min_piece).
+  for (int64_t extent : {256, 300, 1000, 1024, 4096, 100000}) {
+    const GemmPieces p = fl::detail::guided_gemm_pieces(extent, 2, 16, 64);
+    CAPTURE(extent);
+    for (int64_t j = 0; j < p.count; ++j) CHECK(p.edges[j + 1] - p.edges[j] >= 64);
+    for (int64_t j = 1; j + 1 < p.count; ++j) CHECK(p.edges[j + 1] - p.edges[j] <= p.edges[j] - p.edges[j - 1]);
+  }
+  CHECK(fl::detail::guided_gemm_pieces(1 << 30, 2, 16, 64).count == fl::detail::kMaxGemmPieces);
+}
+
+// Products big enough for guided pieces at 2-3 threads (rows, and columns when wider than tall),
+// with extents off the 16-row grid, views and transposes: within the double reference's bound,
+// the same bits on a second call, and gemm_into's beta 1 adding to C.
+TEST_CASE("products split into guided pieces match the double reference and repeat bit for bit") {
+  uint64_t seed = 900;
+  int compared = 0;
+  struct Dims {
+    int64_t m, k, n;
+  };
+  const Dims all[] = {{1000, 97, 130}, {300, 160, 257}, {130, 97, 1001}};
+  for (fl::DType dt : {fl::f32, fl::f64}) {
+    CAPTURE(dt);
+    for (const Dims& d : all) {
+      CAPTURE(d.m);
+      CAPTURE(d.n);
+      const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
+      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      compared += check_product_views(a, b);
+      CHECK(test::values(fl::matmul(a, b)) == test::values(fl::matmul(a, b)));
+      // beta 1: C = 0.5 (every element) + a b
+      fl::Tensor c = fl::full(fl::Shape{d.m, d.n}, 0.5, dt);
+      fl::detail::gemm_into(a, b, c, 1.0, 1.0);
+      const std::vector<double> want = test::values(fl::matmul(a, b));
+      const std::vector<double> got = test::values(c);
+      int off = 0;
+      for (size_t i = 0; i < got.size(); ++i) off += std::abs(got[i] - (want[i] + 0.5)) > 1e-4 * (std::abs(want[i]) + 1) ? 1 : 0;
+      CHECK(off == 0);
+    }
+  }
+  CHECK(compared == 2 * 3 * 5);
 }
