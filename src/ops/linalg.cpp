@@ -22,6 +22,7 @@
 #include "kernels/elementwise_loop.hpp"
 #include "kernels/gemm_outer.hpp"
 #include "kernels/gemm_small.hpp"
+#include "kernels/gemm_small_bt.hpp"
 #include "kernels/gemm_split.hpp"
 #include "kernels/gemm_thin.hpp"
 #include "ops/gemm.hpp"
@@ -126,6 +127,11 @@ void gemm_block(DType dtype, const BlasOperand& pa, const BlasOperand& pb, const
       small_gemm(transpose_a, transpose_b, M, N, K, alpha, reinterpret_cast<const double*>(ai), pa.leading,
                  reinterpret_cast<const double*>(bi), pb.leading, beta != 0.0, reinterpret_cast<double*>(ci), ldc);
     }
+    return;
+  }
+  if (dtype == f32 && small_sgemm_bt_pays(M, N, K, transpose_b)) {  // kernels/gemm_small_bt.hpp
+    small_sgemm_bt(transpose_a, M, N, K, static_cast<float>(alpha), reinterpret_cast<const float*>(ai), pa.leading,
+                   reinterpret_cast<const float*>(bi), pb.leading, beta != 0.0, reinterpret_cast<float*>(ci), ldc);
     return;
   }
   if (dtype == f32 && thin_sgemm_pays(M, N, K) &&
