@@ -2,7 +2,10 @@
 // gemm_small_bt.hpp). Standard headers come before the target pragma, as in gemm_small.cpp.
 #include "kernels/gemm_small_bt.hpp"
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/gemm_small.hpp"
 
@@ -10,6 +13,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
+
+#include "kernels/transpose_8x8_avx2.hpp"
 
 namespace flowlet::detail {
 namespace {
@@ -52,28 +57,12 @@ void store_columns(const __m256 acc[4], __m256 alpha, int64_t m, bool accumulate
 }
 
 // C's columns [0, 8) from acc[r] = column r over C's rows: scaled, transposed in registers
-// (unpacks, shuffles, 128-bit swaps) and stored as rows [0, m).
+// (transpose_8x8_avx2.hpp) and stored as rows [0, m).
 void store_eight_columns(const __m256 acc[8], __m256 alpha, int64_t m, bool accumulate, float* c, int64_t ldc) {
-  __m256 t[8], u[8];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(_mm256_mul_ps(acc[2 * i], alpha), _mm256_mul_ps(acc[2 * i + 1], alpha));
-    t[2 * i + 1] = _mm256_unpackhi_ps(_mm256_mul_ps(acc[2 * i], alpha), _mm256_mul_ps(acc[2 * i + 1], alpha));
-  }
-#pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h) {  // columns 0-3, then 4-7
-    const int o = 4 * h;
-    u[o + 0] = _mm256_shuffle_ps(t[o + 0], t[o + 2], 0x44);
-    u[o + 1] = _mm256_shuffle_ps(t[o + 0], t[o + 2], 0xEE);
-    u[o + 2] = _mm256_shuffle_ps(t[o + 1], t[o + 3], 0x44);
-    u[o + 3] = _mm256_shuffle_ps(t[o + 1], t[o + 3], 0xEE);
-  }
   __m256 rows[8];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    rows[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    rows[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-  }
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) rows[r] = _mm256_mul_ps(acc[r], alpha);
+  avx2::transpose_8x8(rows);
   for (int64_t i = 0; i < m; ++i) {
     float* out = c + i * ldc;
     _mm256_storeu_ps(out, accumulate ? _mm256_add_ps(rows[i], _mm256_loadu_ps(out)) : rows[i]);
@@ -110,7 +99,7 @@ void bt_loop(int64_t m, int64_t n, float alpha, const float* a, int64_t a_row, i
     __m256 acc[4];
 #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      // A missing column (past n) reads B's last row again and is never stored.
+      // A missing column (past n) reads column j's row again and is never stored.
       const float* row = b + (j + (r < columns ? r : 0)) * ldb;
       acc[r] = _mm256_mul_ps(_mm256_broadcast_ss(row), at[0]);
 #pragma GCC unroll 12
@@ -120,26 +109,23 @@ void bt_loop(int64_t m, int64_t n, float alpha, const float* a, int64_t a_row, i
   }
 }
 
+// bt_loop<K> for K = 1 ... kSmallBtMaxDepth, by k - 1 (A's k columns must be compile-time many to stay
+// in registers).
+using BtLoop = void (*)(int64_t, int64_t, float, const float*, int64_t, int64_t, const float*, int64_t, bool, float*,
+                        int64_t);
+template <size_t... K>
+constexpr std::array<BtLoop, sizeof...(K)> bt_loops(std::index_sequence<K...>) {
+  return {&bt_loop<static_cast<int>(K) + 1>...};
+}
+constexpr auto kLoops = bt_loops(std::make_index_sequence<kSmallBtMaxDepth>());
+
 }  // namespace
 
 void small_sgemm_bt(bool transpose_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                     const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
   const int64_t a_row = transpose_a ? 1 : lda, a_col = transpose_a ? lda : 1;
-  switch (k) {
-    case 1: return bt_loop<1>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    case 2: return bt_loop<2>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    case 3: return bt_loop<3>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    case 4: return bt_loop<4>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    case 5: return bt_loop<5>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    case 6: return bt_loop<6>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    case 7: return bt_loop<7>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    case 8: return bt_loop<8>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    case 9: return bt_loop<9>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    case 10: return bt_loop<10>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    case 11: return bt_loop<11>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    case 12: return bt_loop<12>(m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
-    default: return;  // outside the contract (small_sgemm_bt_pays)
-  }
+  if (k < 1 || k > kSmallBtMaxDepth) return;  // outside the contract (small_sgemm_bt_pays)
+  kLoops[k - 1](m, n, alpha, a, a_row, a_col, b, ldb, accumulate, c, ldc);
 }
 
 }  // namespace flowlet::detail
