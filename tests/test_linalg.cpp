@@ -8,6 +8,8 @@
 
 #include "kernels/gemm_outer.hpp"
 #include "kernels/gemm_small.hpp"
+#include "kernels/gemm_small_bt.hpp"
+#include "kernels/gemm_split.hpp"
 #include "ops/gemm.hpp"
 #include "support/reference.hpp"
 
@@ -470,12 +472,57 @@ TEST_CASE("small products match the double reference over tails, transposes, vie
   if (fl::detail::small_gemm_supported()) CHECK(small >= 2 * 7 * 8 * 4);
 }
 
-// The kernel called directly, C a block inside a larger buffer (ldc > n) and A, B with leading
-// dimensions past their rows: the block is written exactly (quarter-step values make every sum
-// exact), beta 0 never reads C (NaN stays out), accumulate adds alpha times the product, and
-// nothing outside the block changes (column tails are stored in 4-, 2- and 1-lane pieces).
+namespace {
+
+// A kernel called directly (small_gemm's signature), C a block inside a larger buffer (ldc > n)
+// and A, B with leading dimensions past their rows: the block is written exactly (quarter-step
+// values make every sum exact), beta 0 never reads C (NaN stays out), accumulate adds alpha times
+// the product, and nothing outside the block changes. Returns the number of wrong elements.
+template <class T, class Kernel>
+int block_errors(Kernel kernel, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k) {
+  const int64_t lda = (transpose_a ? m : k) + 3, ldb = (transpose_b ? k : n) + 2, ldc = n + 5;
+  const int64_t a_rows = transpose_a ? k : m, b_rows = transpose_b ? n : k;
+  std::vector<T> a(static_cast<size_t>(a_rows * lda)), b(static_cast<size_t>(b_rows * ldb));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<T>(0.25 * static_cast<double>(i % 13) - 1.5);
+  for (size_t j = 0; j < b.size(); ++j) b[j] = static_cast<T>(0.5 - 0.25 * static_cast<double>(j % 7));
+  auto at = [&](int64_t i, int64_t p) { return static_cast<double>(transpose_a ? a[p * lda + i] : a[i * lda + p]); };
+  auto bt = [&](int64_t p, int64_t j) { return static_cast<double>(transpose_b ? b[j * ldb + p] : b[p * ldb + j]); };
+  const T sentinel = static_cast<T>(-7.75);
+  std::vector<T> c(static_cast<size_t>((m + 1) * ldc), std::numeric_limits<T>::quiet_NaN());
+  for (int64_t j = 0; j < ldc; ++j) c[m * ldc + j] = sentinel;  // the row below the block
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = n; j < ldc; ++j) c[i * ldc + j] = sentinel;  // right of the block
+  }
+  kernel(transpose_a, transpose_b, m, n, k, T(2), a.data(), lda, b.data(), ldb, false, c.data(), ldc);
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0;
+      for (int64_t p = 0; p < k; ++p) want += at(i, p) * bt(p, j);
+      bad += static_cast<double>(c[i * ldc + j]) != 2 * want;
+    }
+  }
+  kernel(transpose_a, transpose_b, m, n, k, T(-0.5), a.data(), lda, b.data(), ldb, true, c.data(), ldc);
+  for (int64_t i = 0; i <= m; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      if (i == m || j >= n) {
+        bad += c[i * ldc + j] != sentinel;
+        continue;
+      }
+      double want = 0;
+      for (int64_t p = 0; p < k; ++p) want += at(i, p) * bt(p, j);
+      bad += static_cast<double>(c[i * ldc + j]) != 1.5 * want;
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
+// small_gemm through block_errors (column tails are stored in 4-, 2- and 1-lane pieces).
 TEST_CASE("small_gemm writes exactly its block of C, overwriting or accumulating") {
   if (!fl::detail::small_gemm_supported()) return;
+  auto kernel = [](auto... args) { fl::detail::small_gemm(args...); };
   auto run = [&]<class T>(T, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k) {
     CAPTURE(sizeof(T));
     CAPTURE(transpose_a);
@@ -483,41 +530,7 @@ TEST_CASE("small_gemm writes exactly its block of C, overwriting or accumulating
     CAPTURE(m);
     CAPTURE(n);
     CAPTURE(k);
-    const int64_t lda = (transpose_a ? m : k) + 3, ldb = (transpose_b ? k : n) + 2, ldc = n + 5;
-    const int64_t a_rows = transpose_a ? k : m, b_rows = transpose_b ? n : k;
-    std::vector<T> a(static_cast<size_t>(a_rows * lda)), b(static_cast<size_t>(b_rows * ldb));
-    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<T>(0.25 * static_cast<double>(i % 13) - 1.5);
-    for (size_t j = 0; j < b.size(); ++j) b[j] = static_cast<T>(0.5 - 0.25 * static_cast<double>(j % 7));
-    auto at = [&](int64_t i, int64_t p) { return static_cast<double>(transpose_a ? a[p * lda + i] : a[i * lda + p]); };
-    auto bt = [&](int64_t p, int64_t j) { return static_cast<double>(transpose_b ? b[j * ldb + p] : b[p * ldb + j]); };
-    const T sentinel = static_cast<T>(-7.75);
-    std::vector<T> c(static_cast<size_t>((m + 1) * ldc), std::numeric_limits<T>::quiet_NaN());
-    for (int64_t j = 0; j < ldc; ++j) c[m * ldc + j] = sentinel;  // the row below the block
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = n; j < ldc; ++j) c[i * ldc + j] = sentinel;  // right of the block
-    }
-    fl::detail::small_gemm(transpose_a, transpose_b, m, n, k, T(2), a.data(), lda, b.data(), ldb, false, c.data(), ldc);
-    int bad = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double want = 0;
-        for (int64_t p = 0; p < k; ++p) want += at(i, p) * bt(p, j);
-        bad += static_cast<double>(c[i * ldc + j]) != 2 * want;
-      }
-    }
-    fl::detail::small_gemm(transpose_a, transpose_b, m, n, k, T(-0.5), a.data(), lda, b.data(), ldb, true, c.data(), ldc);
-    for (int64_t i = 0; i <= m; ++i) {
-      for (int64_t j = 0; j < ldc; ++j) {
-        if (i == m || j >= n) {
-          bad += c[i * ldc + j] != sentinel;
-          continue;
-        }
-        double want = 0;
-        for (int64_t p = 0; p < k; ++p) want += at(i, p) * bt(p, j);
-        bad += static_cast<double>(c[i * ldc + j]) != 1.5 * want;
-      }
-    }
-    CHECK(bad == 0);
+    CHECK(block_errors<T>(kernel, transpose_a, transpose_b, m, n, k) == 0);
   };
   for (bool transpose_a : {false, true}) {
     for (bool transpose_b : {false, true}) {
@@ -534,4 +547,123 @@ TEST_CASE("small_gemm writes exactly its block of C, overwriting or accumulating
     run(float{}, transpose_a, true, 7, 70, 64);
     run(double{}, transpose_a, true, 7, 70, 64);
   }
+}
+
+// The piece edges of a split product (kernels/gemm_split.hpp): hand cases, then every extent up
+// to 1100 at 1-4 threads for the properties the driver relies on.
+TEST_CASE("guided and even GEMM pieces cover the extent in aligned, non-empty, ordered pieces") {
+  using fl::detail::GemmPieces;
+  auto edges = [](const GemmPieces& p) { return std::vector<int64_t>(p.edges.begin(), p.edges.begin() + p.count + 1); };
+  // 1024 rows, 2 threads: a quarter of what is left each time, rounded up to 16, at least 64,
+  // the last 112 rows in one piece (64 would leave 48).
+  CHECK(edges(fl::detail::guided_gemm_pieces(1024, 2, 16, 64)) ==
+        std::vector<int64_t>{0, 256, 448, 592, 704, 784, 848, 912, 1024});
+  CHECK(edges(fl::detail::guided_gemm_pieces(256, 2, 16, 64)) == std::vector<int64_t>{0, 64, 128, 192, 256});
+  // Below 2 * parts * min_piece: even halves, as before guided pieces.
+  CHECK(edges(fl::detail::guided_gemm_pieces(255, 2, 16, 64)) == std::vector<int64_t>{0, 112, 255});
+  CHECK(edges(fl::detail::guided_gemm_pieces(128, 2, 16, 64)) == std::vector<int64_t>{0, 64, 128});
+  CHECK(edges(fl::detail::even_gemm_pieces(40, 3, 16)) == std::vector<int64_t>{0, 16, 40});  // 40 / 16 = 2 pieces
+  CHECK(edges(fl::detail::even_gemm_pieces(7, 2, 16)) == std::vector<int64_t>{0, 7});
+  CHECK(fl::detail::guided_gemm_pieces(0, 2, 16, 64).count == 0);
+  int bad = 0, checked = 0;
+  for (int64_t parts = 1; parts <= 4; ++parts) {
+    for (int64_t extent = 1; extent <= 1100; ++extent) {
+      for (const GemmPieces& p : {fl::detail::guided_gemm_pieces(extent, parts, 16, 64), fl::detail::even_gemm_pieces(extent, parts, 16)}) {
+        ++checked;
+        bool ok = p.count >= 1 && p.count <= fl::detail::kMaxGemmPieces && p.edges[0] == 0 && p.edges[p.count] == extent;
+        for (int64_t j = 0; j < p.count; ++j) ok = ok && p.edges[j + 1] > p.edges[j];
+        for (int64_t j = 1; j < p.count; ++j) ok = ok && p.edges[j] % 16 == 0;
+        // As many pieces as threads wherever the extent has that many aligned blocks.
+        ok = ok && p.count >= std::min(parts, std::max<int64_t>(extent / 16, 1));
+        if (!ok) {
+          ++bad;
+          CAPTURE(parts);
+          CAPTURE(extent);
+          FAIL_CHECK("bad pieces");
+        }
+      }
+    }
+  }
+  CHECK(bad == 0);
+  CHECK(checked == 4 * 1100 * 2);
+  // Guided pieces are never shorter than min_piece, and shrink (but for the last, which takes a
+  // rest shorter than min_piece).
+  for (int64_t extent : {256, 300, 1000, 1024, 4096, 100000}) {
+    const GemmPieces p = fl::detail::guided_gemm_pieces(extent, 2, 16, 64);
+    CAPTURE(extent);
+    for (int64_t j = 0; j < p.count; ++j) CHECK(p.edges[j + 1] - p.edges[j] >= 64);
+    for (int64_t j = 1; j + 1 < p.count; ++j) CHECK(p.edges[j + 1] - p.edges[j] <= p.edges[j] - p.edges[j - 1]);
+  }
+  CHECK(fl::detail::guided_gemm_pieces(1 << 30, 2, 16, 64).count == fl::detail::kMaxGemmPieces);
+}
+
+// Products big enough for guided pieces at 2-3 threads (rows, and columns when wider than tall),
+// with extents off the 16-row grid, views and transposes: within the double reference's bound,
+// the same bits on a second call, and gemm_into's beta 1 adding to C.
+TEST_CASE("products split into guided pieces match the double reference and repeat bit for bit") {
+  uint64_t seed = 900;
+  int compared = 0;
+  struct Dims {
+    int64_t m, k, n;
+  };
+  const Dims all[] = {{1000, 97, 130}, {300, 160, 257}, {130, 97, 1001}};
+  for (fl::DType dt : {fl::f32, fl::f64}) {
+    CAPTURE(dt);
+    for (const Dims& d : all) {
+      CAPTURE(d.m);
+      CAPTURE(d.n);
+      const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
+      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      compared += check_product_views(a, b);
+      CHECK(test::values(fl::matmul(a, b)) == test::values(fl::matmul(a, b)));
+      // beta 1: C = 0.5 (every element) + a b
+      fl::Tensor c = fl::full(fl::Shape{d.m, d.n}, 0.5, dt);
+      fl::detail::gemm_into(a, b, c, 1.0, 1.0);
+      const std::vector<double> want = test::values(fl::matmul(a, b));
+      const std::vector<double> got = test::values(c);
+      int off = 0;
+      for (size_t i = 0; i < got.size(); ++i) off += std::abs(got[i] - (want[i] + 0.5)) > 1e-4 * (std::abs(want[i]) + 1) ? 1 : 0;
+      CHECK(off == 0);
+    }
+  }
+  CHECK(compared == 2 * 3 * 5);
+}
+
+// small_sgemm_bt (dy @ W2^T at batch 2-8) through block_errors: every row count and depth it takes,
+// column counts with no tail and with tails of 1-7 (8-column blocks, then 4-column pieces), A as
+// stored and transposed.
+TEST_CASE("small_sgemm_bt writes exactly its block of C, overwriting or accumulating") {
+  if (!fl::detail::small_gemm_supported()) return;
+  auto kernel = [](bool transpose_a, bool, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+    fl::detail::small_sgemm_bt(transpose_a, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+  };
+  int runs = 0;
+  for (bool transpose_a : {false, true}) {
+    for (int64_t m = 2; m <= fl::detail::kSmallBtMaxRows; ++m) {
+      for (int64_t n : {16, 17, 19, 20, 23, 24, 29, 256}) {
+        for (int64_t k = 2; k <= fl::detail::kSmallBtMaxDepth; ++k) {
+          CAPTURE(transpose_a);
+          CAPTURE(m);
+          CAPTURE(n);
+          CAPTURE(k);
+          CHECK(fl::detail::small_sgemm_bt_pays(m, n, k, true));
+          CHECK(block_errors<float>(kernel, transpose_a, true, m, n, k) == 0);
+          ++runs;
+        }
+      }
+    }
+  }
+  CHECK(runs == 2 * 7 * 8 * 11);
+  CHECK(fl::detail::small_sgemm_bt_pays(8, 1024, 10, true));
+  CHECK(block_errors<float>(kernel, false, true, 8, 1000, 12) == 0);
+  // Outside its shapes: a single row (GEMV's), 9 rows, k 13, B as stored, fewer than 16 columns,
+  // more than 256 columns with fewer than 8 rows, more than 1024.
+  CHECK_FALSE(fl::detail::small_sgemm_bt_pays(4, 784, 10, true));
+  CHECK_FALSE(fl::detail::small_sgemm_bt_pays(8, 1025, 10, true));
+  CHECK_FALSE(fl::detail::small_sgemm_bt_pays(1, 256, 10, true));
+  CHECK_FALSE(fl::detail::small_sgemm_bt_pays(9, 256, 10, true));
+  CHECK_FALSE(fl::detail::small_sgemm_bt_pays(8, 256, 13, true));
+  CHECK_FALSE(fl::detail::small_sgemm_bt_pays(8, 256, 10, false));
+  CHECK_FALSE(fl::detail::small_sgemm_bt_pays(8, 15, 10, true));
 }

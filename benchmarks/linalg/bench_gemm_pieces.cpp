@@ -3,7 +3,8 @@
 // after a warm-up (as bench_gemm_shapes samples), the whole product on one thread, the same split
 // flowlet's driver makes (two single-threaded OpenBLAS pieces of rows or of columns, starting at
 // multiples of 16, through the pool's parallel_for) with each piece's start and duration, a split
-// of k into two partial products summed afterwards, threaded OpenBLAS, and flowlet's matmul.
+// of k into two partial products summed afterwards, threaded OpenBLAS, flowlet's matmul, flowlet's
+// gemm_into into a kept C (matmul without dispatch and output allocation) and oneDNN's sgemm.
 // A piece that takes longer than half the one-thread call shows repacking or a shared core; a late
 // start shows wake-up; unequal pieces show the split's balance.
 //   FLOWLET_NUM_THREADS=2 bench_gemm_pieces [--rounds 7] [--calls 20] [--shape M K N nn|tn|nt|tt]...
@@ -19,6 +20,7 @@
 #include <flowlet/flowlet.hpp>
 
 #include "gemm_contenders.hpp"
+#include "ops/gemm.hpp"
 #include "runtime/thread_pool.hpp"
 
 namespace fl = flowlet;
@@ -114,6 +116,13 @@ void run(const Spec& s, int rounds, int calls, int budget) {
   all.emplace_back("split k, summed", [&] { split_call(p, Split::depth, scratch, *current); }, true);
   all.emplace_back(fmt::format("OpenBLAS {}t", budget), [&] { p.openblas(budget); });
   all.emplace_back("flowlet matmul", [&] { p.flowlet_matmul(); });
+  // The same product into a C kept across calls (no dispatch, no output allocation): matmul minus
+  // this is the op's own cost; this minus the bare oneDNN / OpenBLAS call is the driver's.
+  fl::Tensor kept = fl::Tensor::empty(fl::Shape{s.m, s.n}, fl::f32);
+  all.emplace_back("flowlet gemm_into", [&] { fl::detail::gemm_into(p.a, p.b, kept, 1.0, 0.0); });
+#ifdef FLOWLET_HAVE_DNNL
+  all.emplace_back("oneDNN 1t", [&] { p.onednn(); });
+#endif
   for (int r = 0; r < rounds; ++r) {
     for (size_t j = 0; j < all.size(); ++j) {
       Record& rec = all[(j + static_cast<size_t>(r)) % all.size()];

@@ -19,7 +19,8 @@ namespace flowlet::detail {
 //     a cache line per k), or
 //   - k is short (k <= 16) with a wide C and B as stored, up to kSmallGemmShortWork. With B
 //     transposed (dy @ W2^T) gathering it, even 8 x 8 blocks at a time, left flowlet's call at
-//     0.85-0.93x of oneDNN's bare call (8-32 x 10 x 256): those stay with oneDNN.
+//     0.85-0.93x of oneDNN's bare call (8-32 x 10 x 256): at m <= 8 small_sgemm_bt
+//     (gemm_small_bt.hpp) takes them without a gather, the rest stay with oneDNN.
 // Side by side on the 2-core VM (docs/notes20/gemm.md) those won against oneDNN's and OpenBLAS's
 // single-threaded calls; beyond them oneDNN's blocking wins. A transposed B must also fit
 // kSmallGemmPackElements.

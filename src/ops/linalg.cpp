@@ -1,6 +1,8 @@
 // matmul: rank 2 and batched rank 3, through single-threaded BLAS calls spread over the pool:
 // OpenBLAS, or oneDNN's sgemm for thin f32 pieces (kernels/gemm_thin.hpp); narrow (n <= 16) and
-// tiny products run our own AVX2 loop instead (kernels/gemm_small.hpp).
+// tiny products run our own AVX2 loop instead (kernels/gemm_small.hpp), and so does a batch of at
+// most 8 rows times a transposed short-k B (dy @ W2^T, kernels/gemm_small_bt.hpp). A single big
+// product splits into guided pieces (kernels/gemm_split.hpp).
 // Transposed views go to BLAS as a transpose flag, not a copy; other strided inputs are copied once.
 // f16 and bf16 (storage types, as for elementwise ops) multiply as f32 copies with f32 accumulation
 // and round the result back once; CUDA does the same inside cuBLAS (CUBLAS_COMPUTE_32F).
@@ -22,6 +24,8 @@
 #include "kernels/elementwise_loop.hpp"
 #include "kernels/gemm_outer.hpp"
 #include "kernels/gemm_small.hpp"
+#include "kernels/gemm_small_bt.hpp"
+#include "kernels/gemm_split.hpp"
 #include "kernels/gemm_thin.hpp"
 #include "ops/gemm.hpp"
 #include "ops/known_ops.hpp"
@@ -99,6 +103,10 @@ constexpr double kGemmWorkPerThread = 160.0 * 160.0 * 160.0;
 // within rounding; bit for bit too on most kernels, but not all (OpenBLAS's Haswell kernels on an
 // AVX-512 machine tile a block's edge in another order).
 constexpr int64_t kGemmAlign = 16;
+// The shortest guided piece (kernels/gemm_split.hpp): every piece packs the shared operand again.
+// One thread running the pieces of 256-1024 x 784 x 256 and 512^3, 1024^3 one after another took
+// 0.97-1.03x the time of two halves with 64-row pieces, up to 1.10x with 32-row ones (13:28, load 7).
+constexpr int64_t kGemmMinPiece = 64;
 
 // C rows [r0, r1) and columns [c0, c1) of one matrix of the batch: one single-threaded BLAS call
 // (oneDNN's sgemm for a thin f32 piece, OpenBLAS otherwise).
@@ -121,6 +129,11 @@ void gemm_block(DType dtype, const BlasOperand& pa, const BlasOperand& pb, const
       small_gemm(transpose_a, transpose_b, M, N, K, alpha, reinterpret_cast<const double*>(ai), pa.leading,
                  reinterpret_cast<const double*>(bi), pb.leading, beta != 0.0, reinterpret_cast<double*>(ci), ldc);
     }
+    return;
+  }
+  if (dtype == f32 && small_sgemm_bt_pays(M, N, K, transpose_b)) {  // kernels/gemm_small_bt.hpp
+    small_sgemm_bt(transpose_a, M, N, K, static_cast<float>(alpha), reinterpret_cast<const float*>(ai), pa.leading,
+                   reinterpret_cast<const float*>(bi), pb.leading, beta != 0.0, reinterpret_cast<float*>(ci), ldc);
     return;
   }
   if (dtype == f32 && thin_sgemm_pays(M, N, K) &&
@@ -232,16 +245,31 @@ void gemm_into(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double
     return;
   }
   // A piece is one matrix of the batch, or a block of its rows (of its columns when it is wider
-  // than tall): a big batch splits over matrices, a single big product into near-equal blocks.
+  // than tall): a big batch splits over matrices, a single product into guided pieces
+  // (kernels/gemm_split.hpp) so that a late worker holds back little.
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
-  // At most extent / kGemmAlign blocks, so no block is empty.
-  const int64_t per_matrix = std::clamp<int64_t>((parts + batch - 1) / batch, 1, std::max<int64_t>(extent / kGemmAlign, 1));
-  auto edge = [&](int64_t j) { return j == per_matrix ? extent : extent * j / per_matrix / kGemmAlign * kGemmAlign; };
+  if (batch == 1) {
+    // No piece under kGemmMinPiece rows, nor under a quarter of kGemmWorkPerThread multiply-adds
+    // (far above OpenBLAS's small-matrix size, see kGemmAlign).
+    const double per_row = static_cast<double>(k) * static_cast<double>(by_rows ? n : m);
+    const auto min_piece = std::max<int64_t>(kGemmMinPiece, static_cast<int64_t>(kGemmWorkPerThread / 4 / per_row) + 1);
+    const GemmPieces split = guided_gemm_pieces(extent, parts, kGemmAlign, min_piece);
+    auto piece = [&](int64_t p) {
+      const int64_t lo = split.edges[p], hi = split.edges[p + 1];
+      if (by_rows) block(0, lo, hi, 0, n);
+      else block(0, 0, m, lo, hi);
+    };
+    run_chunks(split.count, FunctionRef<void(int64_t)>(piece));
+    return;
+  }
+  // At most extent / kGemmAlign blocks per matrix, so no block is empty.
+  const GemmPieces blocks = even_gemm_pieces(extent, (parts + batch - 1) / batch, kGemmAlign);
+  const int64_t per_matrix = blocks.count;
   const int64_t pieces = batch * per_matrix;
   parallel_for(pieces, (pieces + parts - 1) / parts, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
-      const int64_t i = p / per_matrix, lo = edge(p % per_matrix), hi = edge(p % per_matrix + 1);
+      const int64_t i = p / per_matrix, lo = blocks.edges[p % per_matrix], hi = blocks.edges[p % per_matrix + 1];
       if (by_rows) block(i, lo, hi, 0, n);
       else block(i, 0, m, lo, hi);
     }
