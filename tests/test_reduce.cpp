@@ -271,12 +271,15 @@ TEST_CASE("full reductions are exact at every length from 0 to 130, vector tails
 
 
 TEST_CASE("f32 sums count every element once around the four-stream split of a run") {
-  // sum_f32_run reads the first 4 * floor(n / 256) * 64 elements as four streams (quarters), then
-  // a pair of trees, a tree, vectors and elements. One marker value at each position in turn, in
-  // zeros, must sum to exactly the marker: an element skipped or read twice by a stream, or by the
-  // rest, changes the total. Lengths at and around the stream boundaries, a chunk (32768) and past it.
+  // sum_f32_run reads runs of 4096 or more elements as four streams (quarters of
+  // 4 * floor(n / 256) * 64 elements), shorter ones as one stream of four trees per step, then a
+  // pair of trees, a tree, vectors and a masked vector of the last n % 8. One marker value at each
+  // position in turn, in zeros, must sum to exactly the marker: an element skipped or read twice by
+  // a stream, or by the rest, changes the total. Lengths at and around the tree and stream
+  // boundaries, the four-stream threshold (4096), a chunk (32768) and past it.
   int compared = 0;
-  for (int64_t n : {255, 256, 257, 319, 320, 383, 384, 447, 448, 511, 512, 513, 700, 1023, 1024, 1031, 32768, 32769 + 255}) {
+  for (int64_t n : {255, 256, 257, 319, 320, 383, 384, 447, 448, 511, 512, 513, 700, 1023, 1024, 1031, 4095, 4096,
+                    4097, 4096 + 255, 4352, 5000, 32768, 32769 + 255}) {
     CAPTURE(n);
     std::vector<float> v(static_cast<size_t>(n), 0.0f);
     bool all_exact = true;
