@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <optional>
 
 #include "flowlet/dispatch.hpp"
@@ -249,14 +250,16 @@ void reduce_column_blocks(int64_t outputs, Base base, int64_t rows, int64_t step
   const int64_t block = std::max(round8((rows + kMaxBlocks - 1) / kMaxBlocks), round8((kMinBlockElements + tile - 1) / tile));
   const int64_t blocks = std::max<int64_t>(1, (rows + block - 1) / block);
   // partial[((o * tiles + t) * blocks + b) * tile + j]: item (o, t, b)'s column j of tile t.
-  std::vector<Acc> partial(static_cast<size_t>(outputs * tiles * blocks * tile));
+  // Every slot is written before it is read (default-initialized: zeroing it first took 4% of a
+  // [4096, 256] column sum).
+  const std::unique_ptr<Acc[]> partial(new Acc[static_cast<size_t>(outputs * tiles * blocks * tile)]);
   const int64_t items = outputs * tiles * blocks;
   for_pieces(items, block * tile, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item % blocks, t = item / blocks % tiles, o = item / blocks / tiles;
       const int64_t j0 = t * tile, width = std::min(tile, cols - j0);
       const int64_t r0 = b * block, count = std::min(block, rows - r0);
-      Acc* acc = partial.data() + item * tile;
+      Acc* acc = partial.get() + item * tile;
       std::fill(acc, acc + width, P::init());
       if (count > 0) reduce_columns<P>(base(o) + r0 * step + j0, count, step, width, acc);
     }
@@ -264,7 +267,7 @@ void reduce_column_blocks(int64_t outputs, Base base, int64_t rows, int64_t step
   for_pieces(outputs * tiles, blocks * tile, [&](int64_t begin, int64_t end) {
     for (int64_t ot = begin; ot < end; ++ot) {
       const int64_t o = ot / tiles, j0 = ot % tiles * tile, width = std::min(tile, cols - j0);
-      const Acc* first = partial.data() + ot * blocks * tile;
+      const Acc* first = partial.get() + ot * blocks * tile;
       for (int64_t j = 0; j < width; ++j) {
         Acc acc = first[j];
         for (int64_t b = 1; b < blocks; ++b) acc = P::combine(acc, first[b * tile + j]);
