@@ -6,7 +6,7 @@
 // then the contender warms up alone); the figure per case is the median over rounds of the
 // per-round ratio libtorch time / flowlet time (>= 1.0: flowlet at least as fast). flowlet has
 // no min reduction (min is -max(-x) for a user), so min is not listed.
-//   FLOWLET_NUM_THREADS=2 bench_reduce_rows [--rounds 8] [--warm-ms 5] [--sample-ms 10]
+//   FLOWLET_NUM_THREADS=2 bench_reduce_rows [--rounds 8] [--warm-ms 5] [--sample-ms 10] [--no-quiet]
 //                                           [--filter TEXT] [--all]
 // Without --all a smaller set runs (under 2 minutes); --filter keeps cases whose name contains TEXT.
 #include <algorithm>
@@ -170,13 +170,12 @@ int main(int argc, char** argv) {
   bool all = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--rounds" && i + 1 < argc) pacing.rounds = std::max(1, std::atoi(argv[++i]));
-    else if (arg == "--warm-ms" && i + 1 < argc) pacing.warm_ms = std::atof(argv[++i]);
-    else if (arg == "--sample-ms" && i + 1 < argc) pacing.sample_ms = std::atof(argv[++i]);
-    else if (arg == "--filter" && i + 1 < argc) filter = argv[++i];
+    if (bench::parse_pacing_option(argc, argv, i, pacing)) continue;
+    if (arg == "--filter" && i + 1 < argc) filter = argv[++i];
     else if (arg == "--all") all = true;
     else {
-      fmt::print(stderr, "usage: bench_reduce_rows [--rounds N] [--warm-ms MS] [--sample-ms MS] [--filter TEXT] [--all]\n");
+      fmt::print(stderr, "usage: bench_reduce_rows [--rounds N] [--warm-ms MS] [--sample-ms MS] [--no-quiet] [--filter TEXT] "
+                         "[--all]\n");
       return 2;
     }
   }

@@ -1,6 +1,8 @@
-// f32 row kernels for the reductions (src/ops/reduce.cpp): the sum and the max of a contiguous run.
+// f32 row kernels for the reductions (src/ops/reduce.cpp): the sum and the max of a contiguous run,
+// the sums of many short rows, and column sums.
 //
-// Sum: pairwise f32 trees of 16 elements per lane, f64 between trees, the run read as four streams.
+// Sum: pairwise f32 trees of 16 elements per lane, f64 between trees, runs of 4096 elements or
+// more read as four streams; runs under 64 elements (sum_f32_short_run) are widened to f64 whole.
 // Why this shape: the sum is memory-bound, yet how many instructions the core spends per byte
 // decides how far ahead its out-of-order window reads memory, and so the bandwidth one thread gets.
 // Every element widened to f64 (the first loop), or every pair (an f32 add per pair, then f64, ~50
@@ -9,9 +11,11 @@
 // in f32: two trees of 8 (one element from each of 8 consecutive vectors),
 // ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)), added together; only that is widened and
 // accumulated in f64 (16.9 GB/s on one thread against 14.2 for trees of 8 and 11.7 for pairs).
-// The two trees of a pair come from different quarters of the run: the run's first
-// 4 * floor(n / 256) * 64 elements are read as four sequential streams side by side (one tree
-// from each per step), which keeps more cache lines in flight than one stream. 16M f32 through
+// In runs of 4096 or more the two trees of a pair come from different quarters of the run: the
+// run's first 4 * floor(n / 256) * 64 elements are read as four sequential streams side by side
+// (one tree from each per step), which keeps more cache lines in flight than one stream (shorter
+// runs, rows of a hidden layer, read four consecutive trees per step: there the streams cost
+// more than they bring, see sum_f32_run). The last n % 8 elements are one masked vector. 16M f32 through
 // the op, same process, interleaved rounds (/tmp driver, 10:43, load 6.3): one thread 21.9 GB/s
 // against 18.2 for one stream (two streams: 23.6 against 21.0 in another run; eight: 20.6), two
 // threads 35.0 against 26.0 (libtorch 28.1 in the same rounds). Accuracy: each element passes
@@ -21,8 +25,8 @@
 // only doubles them; the adversarial runs of tests/test_reduce.cpp stay within 1e-7), and
 // everything after the tree is f64. Column sums use trees of 8 rows (3 roundings).
 //
-// The lane structure (the streams, trees of 16 and 8 vectors, 4 f64 accumulators, fixed
-// combination order) depends only on n, not on the instruction set or the thread count, so the
+// The lane structure (the streams, trees of 16 and 8 vectors, 4 f64 accumulators, the masked
+// tail, fixed combination order) depends only on n, not on the instruction set or the thread count, so the
 // same run of floats always gives the same bits.
 #pragma once
 

@@ -6,11 +6,14 @@
 // (ops/reduce_strided.hpp: runs of the innermost reduced axis, or rows of the innermost kept one);
 // only the rest (an innermost stride other than 1, runs shorter than 8 elements) is copied into
 // that block first. Floating sums accumulate in f64 over fixed chunks whose partial sums are added
-// in order, so the result is accurate and bit-identical whatever the thread count. Within a chunk,
+// in order, so the result is accurate and bit-identical whatever the thread count: long rows split
+// into 32K-element chunks, column reductions (axis 0 of [N, C]) into row blocks and column tiles
+// fixed by the shape (reduce_column_blocks); many short rows split by whole rows. Work is spread
+// in pieces claimed as threads come free (for_pieces). Within a chunk,
 // f32 rows go through sum_f32_run and f32 columns through sum_f32_columns (pairwise f32 trees of 16
 // or 8 elements, then f64: relative error <= 4 * 2^-24 for inputs of one sign, at memory speed); other
 // floating types accumulate every element in f64 over 16 lanes. f32 row maxima go through
-// max_f32_run (branch-free vector lanes). f16/bf16 are read as float (sums still accumulate in
+// max_f32_run (branch-free vector lanes), argmax through a branch-free scan (argmax_run). f16/bf16 are read as float (sums still accumulate in
 // f64, max compares in float) and the result is rounded once to the input dtype, as PyTorch does.
 
 #include "flowlet/ops/reduce.hpp"
