@@ -424,7 +424,7 @@ void argmax_infer(const OpCall& call, OutputSpec& spec) {
 // counting as the maximum (the first NaN wins; halves compare as float). Branch-free: the
 // compare-and-branch loop mispredicted on every new maximum of random rows (65536 x 10 f32, 2
 // threads: 3.2 ms against libtorch's 1.7). Once m is NaN nothing replaces it: v > NaN is false,
-// and a NaN v replaces only a non-NaN m.
+// and a NaN v replaces only a non-NaN m. For the columns of argmax over an inner axis.
 template <class T>
 int64_t argmax_run(const T* x, int64_t n, int64_t stride) {
   using V = compute_t<T>;
@@ -439,6 +439,57 @@ int64_t argmax_run(const T* x, int64_t n, int64_t stride) {
   return best;
 }
 
+// argmax_run over a contiguous row, in two passes that carry no index through a compare chain:
+// the maximum and whether a NaN occurs, then the first index equal to the maximum (or the first
+// NaN). Equal to argmax_run: the first element that no later one exceeds is the first equal to the
+// maximum (-0 and +0 compare equal in both). Short rows (classes) take both passes branch-free,
+// the second backwards with a conditional move; longer rows find the maximum in 16 independent
+// lanes (vector max instructions) and then stop at the first match. The one-pass scan kept the
+// index in its dependency chain: 2.7 ms for 65536 rows of 10 on one thread (libtorch 3.0, a plain
+// branchy loop 0.57), 1.6 ms for 4096 rows of 256 (libtorch 2.1).
+template <class T>
+int64_t argmax_row(const T* x, int64_t n) {
+  using V = compute_t<T>;
+  constexpr int64_t kLanes16 = 16;
+  V m = static_cast<V>(x[0]);
+  bool nan = false;
+  int64_t r = 0;
+  if (n >= 2 * kLanes16) {
+    V lane[kLanes16];
+    bool lane_nan[kLanes16] = {};
+    for (int64_t j = 0; j < kLanes16; ++j) lane[j] = static_cast<V>(x[j]);
+    for (; r + kLanes16 <= n; r += kLanes16) {
+      for (int64_t j = 0; j < kLanes16; ++j) {
+        const V v = static_cast<V>(x[r + j]);
+        lane[j] = v > lane[j] ? v : lane[j];
+        lane_nan[j] |= v != v;
+      }
+    }
+    for (int64_t j = 0; j < kLanes16; ++j) {
+      m = lane[j] > m ? lane[j] : m;
+      nan |= lane_nan[j];
+    }
+  }
+  for (; r < n; ++r) {
+    const V v = static_cast<V>(x[r]);
+    m = v > m ? v : m;
+    nan |= v != v;
+  }
+  if (n >= 2 * kLanes16) {  // one mispredicted exit per row
+    for (r = 0; r < n; ++r) {
+      const V v = static_cast<V>(x[r]);
+      if (nan ? v != v : v == m) return r;
+    }
+    return n - 1;  // unreachable: some element equals the maximum
+  }
+  int64_t best = n - 1;
+  for (r = n - 1; r >= 0; --r) {
+    const V v = static_cast<V>(x[r]);
+    best = (nan ? v != v : v == m) ? r : best;
+  }
+  return best;
+}
+
 void argmax_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor& t = call.inputs[0];
   const int64_t axis = normalize_axis("argmax", call.attrs<ArgmaxAttrs>().axis, t.rank());
@@ -446,6 +497,12 @@ void argmax_kernel(const OpCall& call, std::span<Tensor> out) {
   auto* result = static_cast<int64_t*>(out[0].raw_data());
   visit_dtype<kOrderTypes>(t.dtype(), [&]<class T>(TypeTag<T>) {
     const T* x = static_cast<const T*>(b.data.raw_data());
+    if (b.inner == 1) {  // rows: classes of a batch, as accuracy code asks
+      for_pieces(b.outer, b.reduced, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; ++o) result[o] = argmax_row(x + o * b.reduced, b.reduced);
+      });
+      return;
+    }
     for_pieces(b.outer * b.inner, b.reduced, [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) {
         const int64_t o = k / b.inner, j = k % b.inner;
