@@ -187,11 +187,30 @@ typename P::Acc reduce_run(const T* x, int64_t n) {
 }
 
 // acc[j] = reduce over r in [0, rows) of x[r * stride + j] (acc starts at P::init()): f32 sums
-// through sum_f32_columns (trees of 8 rows, f64 between them), everything else element by element.
+// through sum_f32_columns (trees of 8 rows, f64 between them), everything else element by element;
+// narrow contiguous rows ([N, 10] over axis 0) as m = 32 / cols rows side by side, one row of
+// m * cols lanes, so that the inner loop is long enough to vectorize (10 lanes per row did not:
+// f64 sum axis 0 of [65536, 10], one thread, 396 us against libtorch's 367, 13:57); the lanes fold
+// into their columns at the end, in a fixed order.
 template <class P, class T>
 void reduce_columns(const T* x, int64_t rows, int64_t stride, int64_t cols, typename P::Acc* acc) {
+  using Acc = typename P::Acc;
+  constexpr int64_t kWide = 32;
   if constexpr (std::is_same_v<T, float> && std::is_same_v<P, SumPolicy<float>>) {
     sum_f32_columns(x, rows, stride, cols, acc);
+  } else if (stride == cols && cols > 0 && 2 * cols <= kWide) {
+    const int64_t m = kWide / cols, width = m * cols;
+    Acc lane[kWide];
+    std::fill(lane, lane + width, P::init());
+    int64_t r = 0;
+    for (; r + m <= rows; r += m) {
+      const T* p = x + r * cols;
+      for (int64_t w = 0; w < width; ++w) lane[w] = P::step(lane[w], p[w]);
+    }
+    for (; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) lane[j] = P::step(lane[j], x[r * cols + j]);
+    for (int64_t k = 0; k < m; ++k)
+      for (int64_t j = 0; j < cols; ++j) acc[j] = P::combine(acc[j], lane[k * cols + j]);
   } else {
     for (int64_t r = 0; r < rows; ++r) {
       const T* row = x + r * stride;
