@@ -253,7 +253,8 @@ typename P::Acc reduce_row(const T* x, int64_t n, bool parallel) {
 // out[o * cols + j] = reduce over r in [0, rows) of base(o)[r * step + j], for every output row o
 // in [0, outputs): the column reductions (axis 0 of [N, C], the contiguous [outer, reduced, inner]
 // block, and the strided plan's rows a fixed step apart). The rows split into at most 16 blocks of
-// a multiple of 8 rows (at least ~8K elements each) and the columns into tiles of at most 1024;
+// a multiple of 8 rows (at least ~8K elements each; one block under 2 * kParallelGrain elements in
+// all) and the columns into tiles of at most 1024;
 // each (output row, tile, block) item reduces its rows into its own partials, and the blocks'
 // partials are combined in block order. Block and tile sizes depend only on the shape, so the
 // bits do not depend on the thread count; and f32 sums keep their trees of 8 rows aligned to the
@@ -269,7 +270,12 @@ void reduce_column_blocks(int64_t outputs, Base base, int64_t rows, int64_t step
   const int64_t tile = std::min(cols, kMaxTile);
   const int64_t tiles = (cols + tile - 1) / tile;
   auto round8 = [](int64_t r) { return (r + 7) / 8 * 8; };
-  const int64_t block = std::max(round8((rows + kMaxBlocks - 1) / kMaxBlocks), round8((kMinBlockElements + tile - 1) / tile));
+  // One block when the whole runs on one thread anyway (for_pieces' threshold, a rule on the shape
+  // only): blocks there cost partials and a combine pass for nothing (sum axis 0 of [64, 784]).
+  const bool one_block = outputs * rows * cols < 2 * kParallelGrain;
+  const int64_t block = one_block ? std::max<int64_t>(rows, 1)
+                                  : std::max(round8((rows + kMaxBlocks - 1) / kMaxBlocks),
+                                             round8((kMinBlockElements + tile - 1) / tile));
   const int64_t blocks = std::max<int64_t>(1, (rows + block - 1) / block);
   // partial[((o * tiles + t) * blocks + b) * tile + j]: item (o, t, b)'s column j of tile t.
   // Every slot is written before it is read (default-initialized: zeroing it first took 4% of a
