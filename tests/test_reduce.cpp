@@ -600,7 +600,7 @@ TEST_CASE("sum, mean, max and argmax over either axis of [N, C] match f64 loops 
 }
 
 TEST_CASE("column sums add every element once across row blocks and column tiles, views included") {
-  // Axis 0 splits the rows into at most 16 blocks of a multiple of 8 rows (at least ~8K elements)
+  // Axis 0 splits the rows into at most 8 blocks of a multiple of 8 rows (at least ~8K elements)
   // and the columns into tiles of 1024. A marker in zeros at sampled positions must come back
   // exactly in its column and nowhere else; small integers everywhere sum exactly (f32 trees of 8
   // rows hold them exactly). Row counts around the block sizes, columns around the tile.
