@@ -1,6 +1,6 @@
-// The vector lanes the f32 reduction kernels share (reduce_f32.cpp, norm_f32.cpp): 8-float and
-// 4-double GCC vector types, an unaligned load, and the widening of 8 f32 lanes into two f64
-// accumulators.
+// The vector lanes the f32 reduction kernels share (reduce_f32.cpp, reduce_f32.hpp, norm_f32.cpp):
+// 8-float and 4-double GCC vector types, an unaligned load, a masked load of a row's last few
+// floats, and the widening of 8 f32 lanes into two f64 accumulators.
 //
 // Why the widening is written with AVX intrinsics where the build has AVX: GCC 12 lowers
 // __builtin_convertvector(float x4 -> double x4) into two 128-bit conversions of two lanes each
