@@ -543,7 +543,8 @@ TEST_CASE("sum, mean, max and argmax over either axis of [N, C] match f64 loops 
   // Short rows (C < 64: the masked-tail row kernel), rows under and over a tree, hidden-layer rows
   // (256, 784); column reductions split into row blocks and column tiles (C > 1024), N around the
   // blocks' multiples of 8. f32 within its bound (rows: 4 f32 roundings per element, columns 3,
-  // then f64, plus the result's own rounding), f64/f16 within their dtype tolerance, i32 exact.
+  // then f64, plus the result's own rounding), f64/f16/bf16 within their dtype tolerance, integers
+  // exact (i64 sums).
   const double u = 0x1p-24;
   uint64_t seed = 7000;
   int compared = 0;
@@ -552,8 +553,10 @@ TEST_CASE("sum, mean, max and argmax over either axis of [N, C] match f64 loops 
       {33, 63},  {8, 64},   {9, 65},   {100, 127}, {64, 256}, {4099, 256}, {31, 257}, {129, 784}, {2051, 784},
       {40, 1030}, {825, 10}, {8193, 3}, {1, 1500}};
   for (const auto& [n, c] : shapes) {
-    for (fl::DType dt : {fl::f32, fl::f64, fl::i32, fl::f16}) {
+    for (fl::DType dt : {fl::f32, fl::f64, fl::i32, fl::f16, fl::i64, fl::u8, fl::bf16}) {
       if (dt != fl::f32 && n * c > 600000) continue;  // the big shapes once, in f32
+      if ((dt == fl::i64 || dt == fl::u8 || dt == fl::bf16) && n * c > 20000) continue;  // every path, small
+      const bool integer = dt == fl::i32 || dt == fl::i64 || dt == fl::u8;
       CAPTURE(n);
       CAPTURE(c);
       CAPTURE(dt);
@@ -564,7 +567,7 @@ TEST_CASE("sum, mean, max and argmax over either axis of [N, C] match f64 loops 
         const MatrixRef ref = matrix_ref(xv, n, c, axis);
         const int64_t count = axis == 1 ? c : n;
         const std::vector<double> got = test::values(fl::sum(x, {axis}));
-        const std::vector<double> got_mean = dt == fl::i32 ? got : test::values(fl::mean(x, {axis}));
+        const std::vector<double> got_mean = integer ? got : test::values(fl::mean(x, {axis}));
         bool sums_ok = got.size() == ref.sum.size(), means_ok = sums_ok;
         for (size_t o = 0; sums_ok && o < got.size(); ++o) {
           const double want = ref.sum[o];
@@ -572,7 +575,7 @@ TEST_CASE("sum, mean, max and argmax over either axis of [N, C] match f64 loops 
             const double bound = (axis == 1 ? 4 : 3) * u * ref.magnitude[o] + u * std::abs(want) + 1e-12 * ref.magnitude[o];
             sums_ok = std::abs(got[o] - want) <= bound;
             means_ok = std::abs(got_mean[o] - want / static_cast<double>(count)) <= (bound + u * std::abs(want)) / static_cast<double>(count);
-          } else if (dt == fl::i32) {
+          } else if (integer) {
             sums_ok = got[o] == want;
           } else {
             sums_ok = test::same_value(got[o], test::round_to(want, dt), test::default_tolerance(dt));
@@ -596,7 +599,7 @@ TEST_CASE("sum, mean, max and argmax over either axis of [N, C] match f64 loops 
       }
     }
   }
-  CHECK(compared >= 120);
+  CHECK(compared >= 180);
 }
 
 TEST_CASE("column sums add every element once across row blocks and column tiles, views included") {
