@@ -480,8 +480,8 @@ int64_t argmax_run(const T* x, int64_t n, int64_t stride) {
 // the maximum and whether a NaN occurs, then the first index equal to the maximum (or the first
 // NaN). Equal to argmax_run: the first element that no later one exceeds is the first equal to the
 // maximum (-0 and +0 compare equal in both). Short rows (classes) take both passes branch-free,
-// the second backwards with a conditional move; longer rows find the maximum in 16 independent
-// lanes (vector max instructions) and then stop at the first match. The one-pass scan kept the
+// the second backwards with a conditional move; longer rows find the maximum with max_f32_run
+// (f32) or in 16 independent lanes (vector max instructions), then stop at the first match. The one-pass scan kept the
 // index in its dependency chain: 2.7 ms for 65536 rows of 10 on one thread (libtorch 3.0, a plain
 // branchy loop 0.57), 1.6 ms for 4096 rows of 256 (libtorch 2.1).
 template <class T>
@@ -491,7 +491,14 @@ int64_t argmax_row(const T* x, int64_t n) {
   V m = static_cast<V>(x[0]);
   bool nan = false;
   int64_t r = 0;
-  if (n >= 2 * kLanes16) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (n >= 2 * kLanes16) {  // the f32 max kernel: NaN if any element is NaN
+      m = max_f32_run(x, n);
+      nan = m != m;
+      r = n;
+    }
+  }
+  if (r < n && n >= 2 * kLanes16) {
     V lane[kLanes16];
     bool lane_nan[kLanes16] = {};
     for (int64_t j = 0; j < kLanes16; ++j) lane[j] = static_cast<V>(x[j]);
