@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
 #endif
   return bench::run_benchmark("bench_reduce_rows", "reductions at training shapes", /*torch_uses_all_threads=*/false, [&] {
     fmt::print("\n-- paced interleaved rounds: {} rounds, {} ms warm-up per contender, ~{} ms samples; flowlet {} "
-               "threads, libtorch {} (GOMP_SPINCOUNT {}, OMP_WAIT_POLICY {}); load average {}\n",
+               "threads, libtorch {} ({}, {}); load average {}\n",
                pacing.rounds, pacing.warm_ms, pacing.sample_ms, fl::detail::intra_op_threads(),
 #ifdef FLOWLET_BENCH_HAVE_TORCH
                at::get_num_threads(),
