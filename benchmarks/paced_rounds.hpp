@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <thread>
@@ -43,6 +44,19 @@ struct Pacing {
   double sample_ms = 30;   // one timed sample lasts about this long
   bool quiet = true;       // false: no wait before a sample (to see what the pacing removes)
 };
+
+// Reads a pacing option at argv[i] (--rounds N, --warm-ms MS, --sample-ms MS, --no-quiet), moving
+// i past its value; false when argv[i] is not one of them. For the benchmarks' own option loops.
+inline bool parse_pacing_option(int argc, char** argv, int& i, Pacing& pacing) {
+  const std::string arg = argv[i];
+  const bool has_value = i + 1 < argc;
+  if (arg == "--rounds" && has_value) pacing.rounds = std::max(1, std::atoi(argv[++i]));
+  else if (arg == "--warm-ms" && has_value) pacing.warm_ms = std::atof(argv[++i]);
+  else if (arg == "--sample-ms" && has_value) pacing.sample_ms = std::atof(argv[++i]);
+  else if (arg == "--no-quiet") pacing.quiet = false;
+  else return false;
+  return true;
+}
 
 // The median (the mean of the two middle values for an even count; 0 for none).
 inline double median_of(std::vector<double> v) {

@@ -220,6 +220,23 @@ std::string reduction_bits() {
   add(fl::sum(nchw, {0, 2, 3}));
   add(fl::mean(fl::uniform(fl::Shape{80, 3, 1000}, -1.0, 2.0, /*seed=*/15), {0, 2}));
   add(fl::sum(fl::reshape(nchw, fl::Shape{8, 4, 5, 28, 28}), {0, 2, 3}));
+  // Training shapes over either axis (rows pieces, column row blocks and tiles), f32 and f64, and
+  // max and argmax, whose pieces are split the same way.
+  auto add64 = [&](const fl::Tensor& t) {
+    for (double v : t.to_vector<double>()) bits += fmt::format("{:016x} ", std::bit_cast<uint64_t>(v));
+  };
+  for (const fl::Shape& shape : {fl::Shape{65536, 10}, fl::Shape{4096, 256}, fl::Shape{1500, 784}, fl::Shape{300, 2100}}) {
+    const fl::Tensor x = fl::uniform(shape, -1.0, 2.0, /*seed=*/16);
+    const fl::Tensor x64 = fl::uniform(shape, -1.0, 2.0, /*seed=*/17, fl::f64);
+    for (int64_t axis : {0, 1}) {
+      add(fl::sum(x, {axis}));
+      add(fl::mean(x, {axis}));
+      add(fl::max(x, {axis}));
+      add64(fl::sum(x64, {axis}));
+      add64(fl::mean(x64, {axis}));
+      for (int64_t i : fl::argmax(x, axis).to_vector<int64_t>()) bits += fmt::format("{} ", i);
+    }
+  }
   return bits;
 }
 }  // namespace
@@ -271,12 +288,15 @@ TEST_CASE("full reductions are exact at every length from 0 to 130, vector tails
 
 
 TEST_CASE("f32 sums count every element once around the four-stream split of a run") {
-  // sum_f32_run reads the first 4 * floor(n / 256) * 64 elements as four streams (quarters), then
-  // a pair of trees, a tree, vectors and elements. One marker value at each position in turn, in
-  // zeros, must sum to exactly the marker: an element skipped or read twice by a stream, or by the
-  // rest, changes the total. Lengths at and around the stream boundaries, a chunk (32768) and past it.
+  // sum_f32_run reads runs of 4096 or more elements as four streams (quarters of
+  // 4 * floor(n / 256) * 64 elements), shorter ones as one stream of four trees per step, then a
+  // pair of trees, a tree, vectors and a masked vector of the last n % 8. One marker value at each
+  // position in turn, in zeros, must sum to exactly the marker: an element skipped or read twice by
+  // a stream, or by the rest, changes the total. Lengths at and around the tree and stream
+  // boundaries, the four-stream threshold (4096), a chunk (32768) and past it.
   int compared = 0;
-  for (int64_t n : {255, 256, 257, 319, 320, 383, 384, 447, 448, 511, 512, 513, 700, 1023, 1024, 1031, 32768, 32769 + 255}) {
+  for (int64_t n : {255, 256, 257, 319, 320, 383, 384, 447, 448, 511, 512, 513, 700, 1023, 1024, 1031, 4095, 4096,
+                    4097, 4096 + 255, 4352, 5000, 32768, 32769 + 255}) {
     CAPTURE(n);
     std::vector<float> v(static_cast<size_t>(n), 0.0f);
     bool all_exact = true;
@@ -485,6 +505,167 @@ TEST_CASE("argmax matches the reference and picks the first maximum") {
     }
   }
   CHECK(compared == 25);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training shapes: rows of [N, C] (the last axis) and columns (axis 0), against f64 naive loops
+
+namespace {
+
+// Naive f64 sums, maxima and first-maximum indices of x ([n, c], row-major) over axis 1 (one per
+// row) or axis 0 (one per column).
+struct MatrixRef {
+  std::vector<double> sum, magnitude, max, argmax;
+};
+MatrixRef matrix_ref(const std::vector<double>& x, int64_t n, int64_t c, int64_t axis) {
+  const int64_t outputs = axis == 1 ? n : c, length = axis == 1 ? c : n;
+  MatrixRef ref;
+  for (int64_t o = 0; o < outputs; ++o) {
+    double total = 0, magnitude = 0, best = 0;
+    int64_t best_at = -1;
+    for (int64_t k = 0; k < length; ++k) {
+      const double v = x[static_cast<size_t>(axis == 1 ? o * c + k : k * c + o)];
+      total += v;
+      magnitude += std::abs(v);
+      if (best_at < 0 || (!std::isnan(best) && (v > best || std::isnan(v)))) best = v, best_at = k;
+    }
+    ref.sum.push_back(total);
+    ref.magnitude.push_back(magnitude);
+    ref.max.push_back(best_at < 0 ? -INFINITY : best);
+    ref.argmax.push_back(static_cast<double>(best_at));
+  }
+  return ref;
+}
+
+}  // namespace
+
+TEST_CASE("sum, mean, max and argmax over either axis of [N, C] match f64 loops at training shapes and odd sizes") {
+  // Short rows (C < 64: the masked-tail row kernel), rows under and over a tree, hidden-layer rows
+  // (256, 784); column reductions split into row blocks and column tiles (C > 1024), N around the
+  // blocks' multiples of 8. f32 within its bound (rows: 4 f32 roundings per element, columns 3,
+  // then f64, plus the result's own rounding), f64/f16/bf16 within their dtype tolerance, integers
+  // exact (i64 sums).
+  const double u = 0x1p-24;
+  uint64_t seed = 7000;
+  int compared = 0;
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 1},    {3, 7},    {17, 8},   {9, 9},     {64, 10},  {65537, 10}, {13, 15},  {5, 16},   {7, 17},
+      {33, 63},  {8, 64},   {9, 65},   {100, 127}, {64, 256}, {4099, 256}, {31, 257}, {129, 784}, {2051, 784},
+      {40, 1030}, {825, 10}, {8193, 3}, {1, 1500}};
+  for (const auto& [n, c] : shapes) {
+    for (fl::DType dt : {fl::f32, fl::f64, fl::i32, fl::f16, fl::i64, fl::u8, fl::bf16}) {
+      if (dt != fl::f32 && n * c > 600000) continue;  // the big shapes once, in f32
+      if ((dt == fl::i64 || dt == fl::u8 || dt == fl::bf16) && n * c > 20000) continue;  // every path, small
+      const bool integer = dt == fl::i32 || dt == fl::i64 || dt == fl::u8;
+      CAPTURE(n);
+      CAPTURE(c);
+      CAPTURE(dt);
+      const fl::Tensor x = test::random_tensor(fl::Shape{n, c}, seed++, dt);
+      const std::vector<double> xv = test::values(x);
+      for (int64_t axis : {1, 0}) {
+        CAPTURE(axis);
+        const MatrixRef ref = matrix_ref(xv, n, c, axis);
+        const int64_t count = axis == 1 ? c : n;
+        const std::vector<double> got = test::values(fl::sum(x, {axis}));
+        const std::vector<double> got_mean = integer ? got : test::values(fl::mean(x, {axis}));
+        bool sums_ok = got.size() == ref.sum.size(), means_ok = sums_ok;
+        for (size_t o = 0; sums_ok && o < got.size(); ++o) {
+          const double want = ref.sum[o];
+          if (dt == fl::f32) {
+            const double bound = (axis == 1 ? 4 : 3) * u * ref.magnitude[o] + u * std::abs(want) + 1e-12 * ref.magnitude[o];
+            sums_ok = std::abs(got[o] - want) <= bound;
+            means_ok = std::abs(got_mean[o] - want / static_cast<double>(count)) <= (bound + u * std::abs(want)) / static_cast<double>(count);
+          } else if (integer) {
+            sums_ok = got[o] == want;
+          } else {
+            sums_ok = test::same_value(got[o], test::round_to(want, dt), test::default_tolerance(dt));
+            means_ok = test::same_value(got_mean[o], test::round_to(want / static_cast<double>(count), dt), test::default_tolerance(dt));
+          }
+          if (!sums_ok || !means_ok) {
+            CAPTURE(o);
+            CAPTURE(got[o]);
+            CAPTURE(want);
+          }
+        }
+        CHECK(sums_ok);
+        CHECK(means_ok);
+        check_tensor(fl::max(x, {axis}), ref.max, fl::Shape{axis == 1 ? n : c}, dt, test::Tolerance{0, 0});
+        check_tensor(fl::argmax(x, axis), ref.argmax, fl::Shape{axis == 1 ? n : c}, fl::i64);
+        // keepdims: the same values, the reduced axis kept as 1.
+        const fl::Shape kept = axis == 1 ? fl::Shape{n, 1} : fl::Shape{1, c};
+        CHECK(fl::sum(x, {axis}, true).shape() == kept);
+        CHECK(test::values(fl::sum(x, {axis}, true)) == got);
+        ++compared;
+      }
+    }
+  }
+  CHECK(compared >= 180);
+}
+
+TEST_CASE("column sums add every element once across row blocks and column tiles, views included") {
+  // Axis 0 splits the rows into at most 8 blocks of a multiple of 8 rows (at least ~8K elements)
+  // and the columns into tiles of 1024. A marker in zeros at sampled positions must come back
+  // exactly in its column and nowhere else; small integers everywhere sum exactly (f32 trees of 8
+  // rows hold them exactly). Row counts around the block sizes, columns around the tile.
+  for (const auto& [n, c] : std::vector<std::pair<int64_t, int64_t>>{
+           {823, 10}, {824, 10}, {825, 10}, {13184, 10}, {13185, 10}, {20001, 10}, {100, 1030}, {17, 2049}, {4099, 256}}) {
+    CAPTURE(n);
+    CAPTURE(c);
+    std::vector<float> v(static_cast<size_t>(n * c), 0.0f);
+    bool exact = true;
+    for (int64_t p = 0; p < n * c; p += std::max<int64_t>(1, n * c / 150) + 1) {
+      v[static_cast<size_t>(p)] = 5.0f;
+      const std::vector<float> got = fl::sum(fl::tensor(v, fl::Shape{n, c}), {0}).to_vector<float>();
+      for (int64_t j = 0; j < c; ++j) exact &= got[static_cast<size_t>(j)] == (j == p % c ? 5.0f : 0.0f);
+      v[static_cast<size_t>(p)] = 0.0f;
+    }
+    CHECK(exact);
+    for (int64_t p = 0; p < n * c; ++p) v[static_cast<size_t>(p)] = static_cast<float>((p * 7) % 19 - 9);
+    const fl::Tensor x = fl::tensor(v, fl::Shape{n, c});
+    std::vector<double> want(static_cast<size_t>(c), 0.0);
+    for (int64_t p = 0; p < n * c; ++p) want[static_cast<size_t>(p % c)] += static_cast<double>(v[static_cast<size_t>(p)]);
+    check_tensor(fl::sum(x, {0}), want, fl::Shape{c}, fl::f32, test::Tolerance{0, 0});
+    // The same columns read in place through a view: the first c columns of a [n, 2c] tensor (the
+    // strided plan's rows a fixed step apart).
+    const fl::Tensor wide = fl::concat({x, fl::full(fl::Shape{n, c}, 1000.0, fl::f32)}, 1);
+    const fl::Tensor view = fl::slice(wide, 1, 0, c);
+    REQUIRE_FALSE(view.is_contiguous());
+    check_tensor(fl::sum(view, {0}), want, fl::Shape{c}, fl::f32, test::Tolerance{0, 0});
+  }
+}
+
+TEST_CASE("argmax over rows and columns: ties pick the first, a NaN wins wherever it sits, -inf rows give 0") {
+  for (int64_t c : {1, 2, 9, 10, 17, 64, 100}) {
+    for (fl::DType dt : {fl::f32, fl::f64, fl::f16, fl::bf16, fl::i32}) {
+      CAPTURE(c);
+      CAPTURE(dt);
+      const bool floating = dt != fl::i32;
+      // Row r: ties of the maximum 3 at positions r % c and (r * 5 + 1) % c, a NaN at (r * 3) % c
+      // in every third row (floats), -inf rows every seventh (floats).
+      const int64_t n = 3 * c + 7;
+      std::vector<double> v(static_cast<size_t>(n * c));
+      std::vector<double> want_rows(static_cast<size_t>(n));
+      for (int64_t r = 0; r < n; ++r) {
+        double* row = v.data() + r * c;
+        for (int64_t k = 0; k < c; ++k) row[k] = static_cast<double>((r + k) % 3 - 2);  // -2..0
+        const int64_t a = r % c, b = (r * 5 + 1) % c;
+        row[a] = row[b] = 3;
+        int64_t want = std::min(a, b);
+        if (floating && r % 3 == 0) {
+          row[(r * 3) % c] = kNaN;
+          want = (r * 3) % c;
+        } else if (floating && r % 7 == 1) {
+          for (int64_t k = 0; k < c; ++k) row[k] = -INFINITY;
+          want = 0;
+        }
+        want_rows[static_cast<size_t>(r)] = static_cast<double>(want);
+      }
+      const fl::Tensor x = test::make(v, fl::Shape{n, c}, dt);
+      check_tensor(fl::argmax(x, 1), want_rows, fl::Shape{n}, fl::i64);
+      check_tensor(fl::argmax(fl::transpose(x), 0), want_rows, fl::Shape{n}, fl::i64);  // columns of a view
+      check_tensor(fl::argmax(fl::transpose(x).contiguous(), 0), want_rows, fl::Shape{n}, fl::i64);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

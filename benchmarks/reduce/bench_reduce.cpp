@@ -390,11 +390,8 @@ int main(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--rounds" && i + 1 < argc) options.pacing.rounds = std::max(1, std::atoi(argv[++i]));  // else 20-24
-    else if (arg == "--warm-ms" && i + 1 < argc) options.pacing.warm_ms = std::atof(argv[++i]);
-    else if (arg == "--sample-ms" && i + 1 < argc) options.pacing.sample_ms = std::atof(argv[++i]);
-    else if (arg == "--rounds-only") options.rounds_only = true;
-    else if (arg == "--no-quiet") options.pacing.quiet = false;
+    if (bench::parse_pacing_option(argc, argv, i, options.pacing)) continue;  // rounds default 20-24
+    if (arg == "--rounds-only") options.rounds_only = true;
     else {
       fmt::print(stderr, "usage: bench_reduce [--rounds N] [--warm-ms MS] [--sample-ms MS] [--rounds-only] [--no-quiet]\n");
       return 2;

@@ -18,7 +18,8 @@ using lanes::load;
 using lanes::store;
 using lanes::widen_add;
 
-constexpr int64_t kTree = 64;  // elements per 8-vector f32 tree: 8 vectors of 8 lanes
+constexpr int64_t kTree = 64;          // elements per 8-vector f32 tree: 8 vectors of 8 lanes
+constexpr int64_t kStreamRun = 4096;   // runs this long or longer are read as four streams
 
 // The pairwise f32 sum of the 8 vectors at p: ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)).
 // Named vectors, not an array: GCC turned eight loads into an array into a 256-byte stack copy.
@@ -38,41 +39,47 @@ inline void tree(F32x8& t, const float* p) {
 }  // namespace
 
 double sum_f32_run(const float* x, int64_t n) {
-  if (n < kTree) {  // short rows (softmax over classes, small axes): two accumulators, no tree
-    F64x4 acc[2] = {};
-    int64_t i = 0;
-    F32x8 v;
-    for (; i + 8 <= n; i += 8) {
-      load(v, x + i);
-      widen_add(acc, v);
-    }
-    double total = lanes::lane_total(acc[0] + acc[1]);
-    for (; i < n; ++i) total += static_cast<double>(x[i]);
-    return total;
-  }
-  // The first 4 * quarter elements as four streams, one per quarter, read side by side: each step
-  // takes one tree from each, adds them in pairs (a tree of 16 per lane) into 4 f64 accumulators
-  // (two pairs; independent add chains hide the latency). Four sequential streams keep more cache
-  // lines in flight than one (the hardware prefetcher runs one stream each), and the sum is
-  // memory-bound: 16M f32, same process, interleaved, one thread 21.9 against 18.2 GB/s for one
-  // stream (two streams 23.6 in another run, eight 20.6), two threads 35.0 against 26.0 (see
-  // reduce_f32.hpp). Named pairs, not one array, so that they stay in registers.
+  static_assert(kShortRun == kTree);
+  if (n < kTree) return sum_f32_short_run(x, n);  // short rows (softmax over classes, small axes): no tree
+  // Runs of kStreamRun elements or more: the first 4 * quarter elements as four streams, one per
+  // quarter, read side by side: each step takes one tree from each, adds them in pairs (a tree of
+  // 16 per lane) into 4 f64 accumulators (two pairs; independent add chains hide the latency).
+  // Four sequential streams keep more cache lines in flight than one (the hardware prefetcher runs
+  // one stream each), and the sum is memory-bound: 16M f32, same process, interleaved, one thread
+  // 21.9 against 18.2 GB/s for one stream (two streams 23.6 in another run, eight 20.6), two
+  // threads 35.0 against 26.0 (see reduce_f32.hpp). Named pairs, not one array, so that they stay
+  // in registers. Shorter runs (rows of a hidden layer) are read as one stream, four trees per
+  // step, the same pairs: there the streams' jumps cost more than they bring (1 thread, rows in
+  // cache, /tmp micro-benchmark 13:41, load 3.8: 4096 x 784 rows 385-426 us against 557-627 us
+  // for four streams, 4096 x 256 62-79 against 77-84; 1024 x 4096 637 against 591-609).
   F64x4 first[2] = {}, second[2] = {};
   F32x8 t, u, v, w;
-  const int64_t quarter = n / (4 * kTree) * kTree;
-  const float* x1 = x + quarter;
-  const float* x2 = x + 2 * quarter;
-  const float* x3 = x + 3 * quarter;
-  for (int64_t j = 0; j < quarter; j += kTree) {
-    tree(t, x + j);
-    tree(u, x1 + j);
-    tree(v, x2 + j);
-    tree(w, x3 + j);
+  int64_t i = 0;
+  if (n >= kStreamRun) {
+    const int64_t quarter = n / (4 * kTree) * kTree;
+    const float* x1 = x + quarter;
+    const float* x2 = x + 2 * quarter;
+    const float* x3 = x + 3 * quarter;
+    for (int64_t j = 0; j < quarter; j += kTree) {
+      tree(t, x + j);
+      tree(u, x1 + j);
+      tree(v, x2 + j);
+      tree(w, x3 + j);
+      widen_add(first, t + u);
+      widen_add(second, v + w);
+    }
+    i = 4 * quarter;
+  }
+  for (; i + 4 * kTree <= n; i += 4 * kTree) {  // one stream (the whole of a short run)
+    tree(t, x + i);
+    tree(u, x + i + kTree);
+    tree(v, x + i + 2 * kTree);
+    tree(w, x + i + 3 * kTree);
     widen_add(first, t + u);
     widen_add(second, v + w);
   }
-  // The rest (under 4 trees): a pair of trees, a tree, vectors, then elements.
-  int64_t i = 4 * quarter;
+  // The rest (under 4 trees): a pair of trees, a tree, vectors, then the last n % 8 elements as
+  // one masked vector (zeros in the other lanes).
   if (i + 2 * kTree <= n) {
     tree(t, x + i);
     tree(u, x + i + kTree);
@@ -89,10 +96,12 @@ double sum_f32_run(const float* x, int64_t n) {
     load(t, x + i);
     widen_add(second, t);
   }
+  if (i < n) {
+    lanes::load_first(t, x + i, n - i);
+    widen_add(second, t);
+  }
   // Fixed-order combination: the accumulators pairwise, then the lanes in order.
-  double total = lanes::lane_total((first[0] + first[1]) + (second[0] + second[1]));
-  for (; i < n; ++i) total += static_cast<double>(x[i]);
-  return total;
+  return lanes::lane_total((first[0] + first[1]) + (second[0] + second[1]));
 }
 
 namespace {
@@ -190,6 +199,14 @@ void sum_f32_columns(const float* x, int64_t rows, int64_t stride, int64_t cols,
   for (; j + 32 <= cols; j += 32) column_strip<4>(x + j, rows, stride, out + j);
   for (; j + 8 <= cols; j += 8) column_strip<1>(x + j, rows, stride, out + j);
   for (; j < cols; ++j) column_scalar(x + j, rows, stride, out + j);
+}
+
+void sum_f32_rows(const float* x, int64_t rows, int64_t n, float* out) {
+  if (n < kShortRun) {
+    for (int64_t r = 0; r < rows; ++r) out[r] = static_cast<float>(sum_f32_short_run(x + r * n, n));
+  } else {
+    for (int64_t r = 0; r < rows; ++r) out[r] = static_cast<float>(sum_f32_run(x + r * n, n));
+  }
 }
 
 float max_f32_run(const float* x, int64_t n) {

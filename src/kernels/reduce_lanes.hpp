@@ -1,6 +1,6 @@
-// The vector lanes the f32 reduction kernels share (reduce_f32.cpp, norm_f32.cpp): 8-float and
-// 4-double GCC vector types, an unaligned load, and the widening of 8 f32 lanes into two f64
-// accumulators.
+// The vector lanes the f32 reduction kernels share (reduce_f32.cpp, reduce_f32.hpp, norm_f32.cpp):
+// 8-float and 4-double GCC vector types, an unaligned load, a masked load of a row's last few
+// floats, and the widening of 8 f32 lanes into two f64 accumulators.
 //
 // Why the widening is written with AVX intrinsics where the build has AVX: GCC 12 lowers
 // __builtin_convertvector(float x4 -> double x4) into two 128-bit conversions of two lanes each
@@ -32,6 +32,20 @@ inline void load(F32x8& v, const float* p) {
 }
 
 inline void load(F64x4& v, const double* p) { std::memcpy(&v, p, sizeof v); }
+
+// The first `count` floats at p (0 <= count < 8), zeros in the other lanes; nothing past them is
+// read (a masked load under AVX: masked-out lanes touch no memory, so a row's tail at the end of
+// an allocation is safe).
+inline void load_first(F32x8& v, const float* p, int64_t count) {
+#if defined(__AVX__)
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), lane);
+  v = (F32x8)_mm256_maskload_ps(p, mask);
+#else
+  v = F32x8{};
+  for (int64_t k = 0; k < count; ++k) v[k] = p[k];
+#endif
+}
 inline void store(double* p, const F64x4& v) { std::memcpy(p, &v, sizeof v); }
 
 // acc[0] += lanes 0..3 of v, acc[1] += lanes 4..7, widened to f64.
