@@ -60,12 +60,12 @@ bench: deps
 
 asan: deps
 	@$(call configure,build/asan,-Db_sanitize=address$(comma)undefined $(SANITIZER_OPTIONS))
-	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 FLOWLET_TEST_TIME_SCALE=3 \
 	  bash scripts/run_tests.sh build/asan 3
 
 tsan: deps
 	@$(call configure,build/tsan,-Db_sanitize=thread $(SANITIZER_OPTIONS))
-	@TSAN_OPTIONS=second_deadlock_stack=1 bash scripts/run_tests.sh build/tsan 5
+	@TSAN_OPTIONS=second_deadlock_stack=1 FLOWLET_TEST_TIME_SCALE=5 bash scripts/run_tests.sh build/tsan 5
 
 # libFuzzer targets (tests/fuzz) under ASan and UBSan, each run FUZZ_SECONDS on its seed corpus.
 # Tests off: the targets need only the library, and clang 14 lacks the std::source_location the

@@ -70,7 +70,7 @@ class Pending {
     return [this, index](Tensor result, std::exception_ptr error) {
       std::lock_guard lock(mutex_);
       results_[index] = std::move(result);
-      errors_[index] = error;
+      errors_[index] = std::move(error);  // no copy left on the communicator's thread
       if (--remaining_ == 0) finished_.notify_all();
     };
   }

@@ -100,7 +100,7 @@ void InProcessCommunicator::complete(std::vector<Arrival>& arrivals) {
   } catch (...) {
     error = std::current_exception();  // an allocation that failed: every participant gets it
   }
-  deliver(arrivals, std::move(results), error);
+  deliver(arrivals, std::move(results), std::move(error));
 }
 
 }  // namespace flowlet::detail

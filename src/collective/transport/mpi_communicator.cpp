@@ -222,7 +222,7 @@ void MpiCommunicator::enqueue(Job job) {
     Delivery delivery = run_job(job);
     lock.lock();
     finish_job_locked(lock);  // unlocks
-    deliver(delivery.arrivals, std::move(delivery.results), delivery.error);
+    deliver(delivery.arrivals, std::move(delivery.results), std::move(delivery.error));
     return;
   }
   jobs_.emplace(number, std::move(job));
@@ -252,7 +252,7 @@ void MpiCommunicator::progress() {
       Delivery delivery = run_job(job);
       lock.lock();
       finish_job_locked(lock);
-      deliver(delivery.arrivals, std::move(delivery.results), delivery.error);
+      deliver(delivery.arrivals, std::move(delivery.results), std::move(delivery.error));
       if (object_released_here()) return;  // a callback destroyed this communicator
       lock.lock();
       continue;
