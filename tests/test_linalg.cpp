@@ -10,6 +10,7 @@
 #include "kernels/gemm_small.hpp"
 #include "kernels/gemm_small_bt.hpp"
 #include "kernels/gemm_split.hpp"
+#include "kernels/gemm_thin.hpp"
 #include "ops/gemm.hpp"
 #include "support/reference.hpp"
 
@@ -595,6 +596,19 @@ TEST_CASE("guided and even GEMM pieces cover the extent in aligned, non-empty, o
     for (int64_t j = 1; j + 1 < p.count; ++j) CHECK(p.edges[j + 1] - p.edges[j] <= p.edges[j] - p.edges[j - 1]);
   }
   CHECK(fl::detail::guided_gemm_pieces(1 << 30, 2, 16, 64).count == fl::detail::kMaxGemmPieces);
+  // A min_piece off the grid (small_gemm's 6-row tiles, 13 rows) is rounded up to it (18), so
+  // that every inner edge stays on the grid.
+  CHECK(edges(fl::detail::guided_gemm_pieces(64, 2, 6, 13)) == std::vector<int64_t>{0, 30, 64});
+  CHECK(edges(fl::detail::guided_gemm_pieces(128, 2, 6, 13)) == std::vector<int64_t>{0, 36, 60, 78, 96, 128});
+  int off_grid = 0;
+  for (int64_t parts = 2; parts <= 3; ++parts) {
+    for (int64_t extent = 1; extent <= 1100; ++extent) {
+      const GemmPieces p = fl::detail::guided_gemm_pieces(extent, parts, 6, 13);
+      for (int64_t j = 1; j < p.count; ++j) off_grid += p.edges[j] % 6 != 0 || p.edges[j] <= p.edges[j - 1];
+      off_grid += p.edges[p.count] != extent;
+    }
+  }
+  CHECK(off_grid == 0);
 }
 
 // Products big enough for guided pieces at 2-3 threads (rows, and columns when wider than tall),
@@ -627,6 +641,71 @@ TEST_CASE("products split into guided pieces match the double reference and repe
     }
   }
   CHECK(compared == 2 * 3 * 5);
+}
+
+// Narrow products small_gemm takes whole (h @ W2 and h^T @ dy, n = 10) split over the pool by rows
+// from 2 x 2^18 multiply-adds, cut on small_gemm's 6-row tiles: within the double reference's
+// bound through views, and the same bits as one unsplit small_gemm call (so at every thread count),
+// gemm_into's beta 1 included. Row counts off the tile grid, and h^T @ dy's transposed A. f32 with A
+// as stored goes to oneDNN piece by piece where the build has it (thin_sgemm_beats_small): there
+// the reference bound and repeatable bits.
+TEST_CASE("narrow products split over the pool by small_gemm's tile rows equal one call bit for bit") {
+  uint64_t seed = 950;
+  int compared = 0, same = 0, cases = 0;
+  struct Dims {
+    int64_t m, k, n;
+    bool transpose_a;
+  };
+  const Dims all[] = {{256, 256, 10, false}, {211, 256, 10, false}, {1024, 256, 10, false}, {331, 200, 13, false},
+                      {256, 208, 10, true}, {256, 300, 10, true}, {97, 512, 16, true}};
+  for (fl::DType dt : {fl::f32, fl::f64}) {
+    CAPTURE(dt);
+    for (const Dims& d : all) {
+      CAPTURE(d.m);
+      CAPTURE(d.k);
+      CAPTURE(d.transpose_a);
+      const fl::Tensor a_stored = fl::randn(d.transpose_a ? fl::Shape{d.k, d.m} : fl::Shape{d.m, d.k}, seed++, dt);
+      const fl::Tensor a = d.transpose_a ? fl::transpose(a_stored) : a_stored;
+      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      compared += check_product_views(a.contiguous(), b);
+      compared += check_product(fl::matmul(a, b), a, b) ? 1 : 0;
+      if (!fl::detail::small_gemm_pays(d.m, d.n, d.k, d.transpose_a, false)) continue;
+      ++cases;
+      if (dt == fl::f32 && fl::detail::thin_sgemm_beats_small(d.m, d.n, d.k, d.transpose_a, false)) {
+        // Every piece goes to oneDNN instead (each at least kThinOverSmallWork): the same bits again.
+        const bool bits = test::values(fl::matmul(a, b)) == test::values(fl::matmul(a, b));
+        CHECK(bits);
+        same += bits ? 1 : 0;
+        continue;
+      }
+      // One unsplit call, straight into a buffer; then matmul and gemm_into (beta 1 on C = 0.5).
+      const std::vector<double> sa = test::values(a_stored), sb = test::values(b);
+      std::vector<double> one(static_cast<size_t>(d.m * d.n)), accumulated(one.size());
+      auto call = [&]<class T>(T) {
+        std::vector<T> ta(sa.begin(), sa.end()), tb(sb.begin(), sb.end()), tc(one.size(), T(0.5));
+        const int64_t lda = d.transpose_a ? d.m : d.k;
+        fl::detail::small_gemm(d.transpose_a, false, d.m, d.n, d.k, T(1), ta.data(), lda, tb.data(), d.n, false,
+                               tc.data(), d.n);
+        one.assign(tc.begin(), tc.end());
+        std::fill(tc.begin(), tc.end(), T(0.5));
+        fl::detail::small_gemm(d.transpose_a, false, d.m, d.n, d.k, T(1), ta.data(), lda, tb.data(), d.n, true,
+                               tc.data(), d.n);
+        accumulated.assign(tc.begin(), tc.end());
+      };
+      if (dt == fl::f32) call(0.0f);
+      else call(0.0);
+      fl::Tensor c = fl::full(fl::Shape{d.m, d.n}, 0.5, dt);
+      fl::detail::gemm_into(a, b, c, 1.0, 1.0);
+      const bool bits = test::values(fl::matmul(a, b)) == one && test::values(c) == accumulated;
+      CHECK(bits);
+      same += bits ? 1 : 0;
+    }
+  }
+  CHECK(compared == 2 * 7 * 6);
+  if (fl::detail::small_gemm_supported()) {
+    CHECK(cases == 2 * 7);
+    CHECK(same == cases);
+  }
 }
 
 // small_sgemm_bt (dy @ W2^T at batch 2-8) through block_errors: every row count and depth it takes,

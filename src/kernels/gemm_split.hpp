@@ -38,11 +38,12 @@ inline GemmPieces even_gemm_pieces(int64_t extent, int64_t parts, int64_t align)
 
 // `parts` threads share `extent` rows. Below 2 * parts * min_piece rows (where guided pieces
 // could not all be min_piece long) the even pieces above. Otherwise each piece takes
-// 1 / (2 * parts) of the rows still left, rounded up to `align`, at least min_piece; a rest
-// shorter than min_piece joins the last piece.
+// 1 / (2 * parts) of the rows still left, rounded up to `align`, at least min_piece (itself
+// rounded up to `align`, so that every inner edge stays on it); a rest shorter than min_piece
+// joins the last piece.
 inline GemmPieces guided_gemm_pieces(int64_t extent, int64_t parts, int64_t align, int64_t min_piece) {
   align = std::max<int64_t>(align, 1);
-  min_piece = std::max(min_piece, align);
+  min_piece = (std::max(min_piece, align) + align - 1) / align * align;
   parts = std::clamp<int64_t>(parts, 1, kMaxGemmPieces);
   if (extent < 2 * parts * min_piece) return even_gemm_pieces(extent, parts, align);
   GemmPieces p;

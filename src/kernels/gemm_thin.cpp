@@ -17,6 +17,15 @@ bool thin_sgemm_pays(int64_t m, int64_t n, int64_t k) {
 #endif
 }
 
+bool thin_sgemm_beats_small(int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b) {
+#ifdef FLOWLET_HAVE_DNNL
+  return !transpose_a && !transpose_b && n <= 16 && static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) >= kThinOverSmallWork;
+#else
+  (void)m, (void)n, (void)k, (void)transpose_a, (void)transpose_b;
+  return false;
+#endif
+}
+
 bool thin_sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
 #ifdef FLOWLET_HAVE_DNNL

@@ -4,7 +4,8 @@
 // time at these shapes, where OpenBLAS's packing and blocking are sized for big products; at square
 // and 784-wide shapes the two are level, so everything else stays with OpenBLAS. Without oneDNN at
 // build time (FLOWLET_HAVE_DNNL undefined) thin_sgemm declines and OpenBLAS does all. The smallest
-// and the narrow (n <= 16) products go to our own kernel before either (kernels/gemm_small.hpp).
+// and the narrow (n <= 16) products go to our own kernel before either (kernels/gemm_small.hpp),
+// but for the larger narrow f32 ones, where oneDNN's kernel is faster (thin_sgemm_beats_small).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,13 @@ namespace flowlet::detail {
 // 16, neither M nor N 1 (GEMV's), K at least 2 (a rank-1 update was slower in oneDNN). False when
 // the build has no oneDNN.
 bool thin_sgemm_pays(int64_t m, int64_t n, int64_t k);
+
+// Whether a narrow f32 piece that small_gemm would take (n <= 16, A and B as stored) runs faster in
+// oneDNN: from kThinOverSmallWork multiply-adds (64 x 256 x 8 and up), where oneDNN's kernel ran
+// 1.05-1.35x faster than small_gemm's on one thread (h @ W2 at 64-1024 x 256 x 10, 15:10, and the
+// lead's quiet runs at 14:56 and 14:59); below it (batch 1-8) small_gemm won. False without oneDNN.
+inline constexpr double kThinOverSmallWork = 1 << 17;
+bool thin_sgemm_beats_small(int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b);
 
 // Row-major C = alpha * op(A) op(B) + beta * C as cblas_sgemm(CblasRowMajor, ...) takes it
 // (transposes as flags, leading dimensions in elements), on the calling thread only: oneDNN's
