@@ -1,6 +1,7 @@
 // matmul: rank 2 and batched rank 3, through single-threaded BLAS calls spread over the pool:
 // OpenBLAS, or oneDNN's sgemm for thin f32 pieces (kernels/gemm_thin.hpp); narrow (n <= 16) and
-// tiny products run our own AVX2 loop instead (kernels/gemm_small.hpp), and so does a batch of at
+// tiny products run our own AVX2 loop instead (kernels/gemm_small.hpp; narrow f32 ones from 2^17
+// multiply-adds stay with oneDNN, faster there: thin_sgemm_beats_small), and so does a batch of at
 // most 8 rows times a transposed short-k B (dy @ W2^T, kernels/gemm_small_bt.hpp). A single big
 // product splits into guided pieces (kernels/gemm_split.hpp).
 // Transposed views go to BLAS as a transpose flag, not a copy; other strided inputs are copied once.
