@@ -643,13 +643,12 @@ TEST_CASE("products split into guided pieces match the double reference and repe
   CHECK(compared == 2 * 3 * 5);
 }
 
-// Narrow products small_gemm takes whole (h @ W2 and h^T @ dy, n = 10) split over the pool by rows
-// from 2 x 2^18 multiply-adds, cut on small_gemm's 6-row tiles: within the double reference's
-// bound through views, and the same bits as one unsplit small_gemm call (so at every thread count),
-// gemm_into's beta 1 included. Row counts off the tile grid, and h^T @ dy's transposed A. f32 with A
-// as stored goes to oneDNN piece by piece where the build has it (thin_sgemm_beats_small): there
-// the reference bound and repeatable bits.
-TEST_CASE("narrow products split over the pool by small_gemm's tile rows equal one call bit for bit") {
+// Narrow products at 200-1024 rows (h @ W2 and h^T @ dy, n = 10-16), one piece each at every thread
+// count: within the double reference's bound through views, and where small_gemm runs them (f64,
+// transposed A) the same bits as one direct small_gemm call, gemm_into's beta 1 included. f32 with
+// A as stored goes to oneDNN where the build has it (thin_sgemm_beats_small): there the reference
+// bound and repeatable bits.
+TEST_CASE("narrow products go to oneDNN (f32, A as stored) or equal one small_gemm call bit for bit") {
   uint64_t seed = 950;
   int compared = 0, same = 0, cases = 0;
   struct Dims {
@@ -672,7 +671,7 @@ TEST_CASE("narrow products split over the pool by small_gemm's tile rows equal o
       if (!fl::detail::small_gemm_pays(d.m, d.n, d.k, d.transpose_a, false)) continue;
       ++cases;
       if (dt == fl::f32 && fl::detail::thin_sgemm_beats_small(d.m, d.n, d.k, d.transpose_a, false)) {
-        // Every piece goes to oneDNN instead (each at least kThinOverSmallWork): the same bits again.
+        // oneDNN takes it instead (at least kThinOverSmallWork): the same bits again.
         const bool bits = test::values(fl::matmul(a, b)) == test::values(fl::matmul(a, b));
         CHECK(bits);
         same += bits ? 1 : 0;

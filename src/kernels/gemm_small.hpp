@@ -22,7 +22,9 @@ namespace flowlet::detail {
 //     0.85-0.93x of oneDNN's bare call (8-32 x 10 x 256): at m <= 8 small_sgemm_bt
 //     (gemm_small_bt.hpp) takes them without a gather, the rest stay with oneDNN.
 // Side by side on the 2-core VM (docs/notes20/gemm.md) those won against oneDNN's and OpenBLAS's
-// single-threaded calls; beyond them oneDNN's blocking wins. A transposed B must also fit
+// single-threaded calls; beyond them oneDNN's blocking wins. f32 callers also ask
+// thin_sgemm_beats_small (gemm_thin.hpp): at 64-1024 x 256 x 10 oneDNN's kernel was faster (round 4
+// follow-up, docs/notes21/gemm.md). A transposed B must also fit
 // kSmallGemmPackElements.
 bool small_gemm_pays(int64_t m, int64_t n, int64_t k, bool transpose_a, bool transpose_b);
 

@@ -1,6 +1,7 @@
 // matmul: rank 2 and batched rank 3, through single-threaded BLAS calls spread over the pool:
 // OpenBLAS, or oneDNN's sgemm for thin f32 pieces (kernels/gemm_thin.hpp); narrow (n <= 16) and
-// tiny products run our own AVX2 loop instead (kernels/gemm_small.hpp), and so does a batch of at
+// tiny products run our own AVX2 loop instead (kernels/gemm_small.hpp; narrow f32 ones from 2^17
+// multiply-adds stay with oneDNN, faster there: thin_sgemm_beats_small), and so does a batch of at
 // most 8 rows times a transposed short-k B (dy @ W2^T, kernels/gemm_small_bt.hpp). A single big
 // product splits into guided pieces (kernels/gemm_split.hpp).
 // Transposed views go to BLAS as a transpose flag, not a copy; other strided inputs are copied once.
@@ -107,15 +108,6 @@ constexpr int64_t kGemmAlign = 16;
 // One thread running the pieces of 256-1024 x 784 x 256 and 512^3, 1024^3 one after another took
 // 0.97-1.03x the time of two halves with 64-row pieces, up to 1.10x with 32-row ones (13:28, load 7).
 constexpr int64_t kGemmMinPiece = 64;
-// small_gemm (kernels/gemm_small.hpp) packs nothing, so a product it takes splits at less work: a
-// piece costs only its share of the multiply-adds and the worker's hand-off. A narrow product
-// (n <= 16) splits by rows from this many multiply-adds per thread (~12 us of the kernel): split at
-// 2^16 (64-128 x 256 x 10) the hand-off made the call 1.5-2.5x slower in most rounds (15:05, load
-// 2.4), while 256 and 1024 rows ran 1.4-1.9x faster than one call (docs/notes21/gemm.md).
-constexpr double kSmallGemmWorkPerThread = 1 << 18;
-// small_gemm tiles rows six at a time from a block's first row: pieces cut on multiples of six keep
-// every row in the tile it has in one call, so the split product has one call's bits.
-constexpr int64_t kSmallGemmRowAlign = 6;
 
 // C rows [r0, r1) and columns [c0, c1) of one matrix of the batch: one single-threaded BLAS call
 // (oneDNN's sgemm for a thin f32 piece, OpenBLAS otherwise).
@@ -248,13 +240,11 @@ void gemm_into(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double
     gemm_block(c.dtype(), pa, pb, pa.base + i * pa.batch_stride, pb.base + i * pb.batch_stride, pc + i * c_stride, n,
                k, r0, r1, c0, c1, alpha, beta);
   };
-  // A narrow product small_gemm takes whole (h @ W2, h^T @ dy) splits by rows at its own, lower
-  // threshold, on small_gemm's tile rows; every other product at kGemmWorkPerThread.
-  const bool small_rows = batch == 1 && small && n <= 16;
-  const double per_thread = small_rows ? kSmallGemmWorkPerThread : kGemmWorkPerThread;
-  // Threads that pay: each needs per_thread multiply-adds (double: m * n * k can pass 2^63).
+  // Threads that pay: each needs kGemmWorkPerThread multiply-adds (double: m * n * k can pass 2^63).
+  // Narrow products (h @ W2 at 256-1024 rows) split at a lower threshold ran faster only while the
+  // worker was idle on its own core and 1.5-2.5x slower when it was not (docs/notes21/gemm.md).
   const double work = static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const auto parts = static_cast<int64_t>(std::min<double>(intra_op_threads(), work / per_thread));
+  const auto parts = static_cast<int64_t>(std::min<double>(intra_op_threads(), work / kGemmWorkPerThread));
   if (parts <= 1) {
     for (int64_t i = 0; i < batch; ++i) block(i, 0, m, 0, n);
     return;
@@ -262,17 +252,14 @@ void gemm_into(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double
   // A piece is one matrix of the batch, or a block of its rows (of its columns when it is wider
   // than tall): a big batch splits over matrices, a single product into guided pieces
   // (kernels/gemm_split.hpp) so that a late worker holds back little.
-  const bool by_rows = m >= n || small_rows;
+  const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
   if (batch == 1) {
     // No piece under kGemmMinPiece rows, nor under a quarter of kGemmWorkPerThread multiply-adds
-    // (far above OpenBLAS's small-matrix size, see kGemmAlign); small_gemm's pieces only need
-    // kSmallGemmWorkPerThread / 2 each.
+    // (far above OpenBLAS's small-matrix size, see kGemmAlign).
     const double per_row = static_cast<double>(k) * static_cast<double>(by_rows ? n : m);
-    const auto min_piece =
-        small_rows ? std::max<int64_t>(kSmallGemmRowAlign, static_cast<int64_t>(kSmallGemmWorkPerThread / 2 / per_row) + 1)
-                   : std::max<int64_t>(kGemmMinPiece, static_cast<int64_t>(kGemmWorkPerThread / 4 / per_row) + 1);
-    const GemmPieces split = guided_gemm_pieces(extent, parts, small_rows ? kSmallGemmRowAlign : kGemmAlign, min_piece);
+    const auto min_piece = std::max<int64_t>(kGemmMinPiece, static_cast<int64_t>(kGemmWorkPerThread / 4 / per_row) + 1);
+    const GemmPieces split = guided_gemm_pieces(extent, parts, kGemmAlign, min_piece);
     auto piece = [&](int64_t p) {
       const int64_t lo = split.edges[p], hi = split.edges[p + 1];
       if (by_rows) block(0, lo, hi, 0, n);
