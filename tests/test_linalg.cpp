@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/gemm_outer.hpp"
@@ -20,6 +21,16 @@ using test::check_throws;
 using test::Host;
 
 namespace {
+
+// A product's m x k x n, and random operands a [m, k] and b [k, n] of it (seeds taken in order).
+struct ProductDims {
+  int64_t m, k, n;
+};
+std::pair<fl::Tensor, fl::Tensor> random_operands(const ProductDims& d, uint64_t& seed, fl::DType dt) {
+  fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
+  fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+  return {std::move(a), std::move(b)};
+}
 
 // Checks a product against the double reference. Each element may be off by a few f32 (or f64)
 // roundings of the terms it sums, so the bound scales with sum_k |a_ik * b_kj|.
@@ -87,9 +98,7 @@ TEST_CASE("matmul of hand-worked matrices") {
 }
 
 TEST_CASE("matmul matches a naive triple loop in double") {
-  struct Dims {
-    int64_t m, k, n;
-  };
+  using Dims = ProductDims;
   int compared = 0;
   uint64_t seed = 10;
   for (fl::DType dt : test::kFloatDTypes) {
@@ -99,8 +108,7 @@ TEST_CASE("matmul matches a naive triple loop in double") {
       CAPTURE(d.m);
       CAPTURE(d.k);
       CAPTURE(d.n);
-      const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
-      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      const auto [a, b] = random_operands(d, seed, dt);
       check_product(fl::matmul(a, b), a, b);
       ++compared;
     }
@@ -285,15 +293,12 @@ TEST_CASE("row, column and rank-1 products (BLAS-2 paths) accept transposed and 
   uint64_t seed = 400;
   for (fl::DType dt : test::kFloatDTypes) {
     CAPTURE(dt);
-    struct Dims {
-      int64_t m, k, n;
-    };
+    using Dims = ProductDims;
     for (const Dims& d : {Dims{1, 37, 23}, Dims{29, 41, 1}, Dims{31, 1, 19}, Dims{1, 1, 7}, Dims{1, 5, 1}}) {
       CAPTURE(d.m);
       CAPTURE(d.k);
       CAPTURE(d.n);
-      const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
-      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      const auto [a, b] = random_operands(d, seed, dt);
       // The same values stored transposed, then viewed back: BLAS sees a transpose flag.
       compared += check_product_views(a, b);
     }
@@ -308,9 +313,7 @@ TEST_CASE("row, column and rank-1 products (BLAS-2 paths) accept transposed and 
 TEST_CASE("thin products (a 10-wide dimension) match the double reference through views, batches and splits") {
   int compared = 0;
   uint64_t seed = 500;
-  struct Dims {
-    int64_t m, k, n;
-  };
+  using Dims = ProductDims;
   // The last two are big enough to be split over the pool (by rows; by columns).
   const Dims all[] = {{2, 256, 10}, {37, 10, 23}, {256, 64, 10}, {64, 10, 256}, {17, 3, 16}, {8, 784, 256},
                       {1024, 10, 256}, {3001, 700, 10}, {10, 700, 3001}};
@@ -320,8 +323,7 @@ TEST_CASE("thin products (a 10-wide dimension) match the double reference throug
       CAPTURE(d.m);
       CAPTURE(d.k);
       CAPTURE(d.n);
-      const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
-      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      const auto [a, b] = random_operands(d, seed, dt);
       compared += check_product_views(a, b);
     }
     // A batch of thin products against a shared rank-2 operand, each matrix checked on its own.
@@ -341,9 +343,7 @@ TEST_CASE("thin products (a 10-wide dimension) match the double reference throug
 // reading it (NaN there must not leak in), beta 1 adds the product to C; thin and square shapes.
 TEST_CASE("gemm_into overwrites (beta 0, never reading C) or accumulates (beta 1) on every path") {
   uint64_t seed = 600;
-  struct Dims {
-    int64_t m, k, n;
-  };
+  using Dims = ProductDims;
   for (fl::DType dt : {fl::f32, fl::f64}) {
     CAPTURE(dt);
     // 8x256x10, 1x256x10 and 256x8x10 (with a_t) take kernels/gemm_small.hpp.
@@ -352,8 +352,7 @@ TEST_CASE("gemm_into overwrites (beta 0, never reading C) or accumulates (beta 1
       CAPTURE(d.m);
       CAPTURE(d.k);
       CAPTURE(d.n);
-      const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
-      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      const auto [a, b] = random_operands(d, seed, dt);
       const fl::Tensor a_t = fl::transpose(test::make(test::values(fl::transpose(a)), fl::Shape{d.k, d.m}, dt));
       fl::Tensor c = test::make(std::vector<double>(static_cast<size_t>(d.m * d.n), std::nan("")), fl::Shape{d.m, d.n}, dt);
       fl::detail::gemm_into(a_t, b, c, 2.0, 0.0);
@@ -617,17 +616,14 @@ TEST_CASE("guided and even GEMM pieces cover the extent in aligned, non-empty, o
 TEST_CASE("products split into guided pieces match the double reference and repeat bit for bit") {
   uint64_t seed = 900;
   int compared = 0;
-  struct Dims {
-    int64_t m, k, n;
-  };
+  using Dims = ProductDims;
   const Dims all[] = {{1000, 97, 130}, {300, 160, 257}, {130, 97, 1001}};
   for (fl::DType dt : {fl::f32, fl::f64}) {
     CAPTURE(dt);
     for (const Dims& d : all) {
       CAPTURE(d.m);
       CAPTURE(d.n);
-      const fl::Tensor a = fl::randn(fl::Shape{d.m, d.k}, seed++, dt);
-      const fl::Tensor b = fl::randn(fl::Shape{d.k, d.n}, seed++, dt);
+      const auto [a, b] = random_operands(d, seed, dt);
       compared += check_product_views(a, b);
       CHECK(test::values(fl::matmul(a, b)) == test::values(fl::matmul(a, b)));
       // beta 1: C = 0.5 (every element) + a b
