@@ -144,8 +144,7 @@ void fold_batch_norm(Graph& graph, const Readers& readers, Insertions& insert, i
   const ValueRef conv_value = norm.inputs[0];
   const Conv2dAttrs* conv_attrs = plain_conv(graph, conv_value);
   if (conv_attrs == nullptr) return;
-  const auto c = static_cast<size_t>(conv_value.node);
-  if (readers.pinned[c] || readers.of[c].size() != 1) return;  // its only reader is this node
+  if (!readers.only_reader_is_one_node(conv_value.node)) return;  // its only reader is this node
   const Node conv = graph.node(conv_value.node);  // a copy: adding nodes may move the vector
   if (conv.device != norm.device) return;
   const DType dt = conv.outputs[0].dtype;

@@ -45,12 +45,6 @@ bool is_single_output(const Graph& graph, ValueRef v, const Op* op, const Device
   return v.output == 0 && is_live_op(n, op) && n.outputs.size() == 1 && n.device == device;
 }
 
-// A node the rewrite leaves without readers: its only reader was the replaced chain.
-bool only_read_by_chain(const Readers& readers, int32_t id) {
-  const auto i = static_cast<size_t>(id);
-  return !readers.pinned[i] && readers.of[i].size() == 1;
-}
-
 void fuse_at(Graph& graph, const Readers& readers, const PatternOps& ops, int32_t id) {
   const Node& mul = graph.node(id);
   if (mul.inputs.size() != 2 || mul.outputs.size() != 1 || mul.device.kind() != DeviceKind::cpu) return;
@@ -62,7 +56,7 @@ void fuse_at(Graph& graph, const Readers& readers, const PatternOps& ops, int32_
     const ValueRef g = mul.inputs[static_cast<size_t>(1 - side)];
     const TensorMeta& gm = graph.meta(g);
     if (gm.shape != Shape{n, 1} || gm.dtype != out.dtype) continue;
-    if (!is_single_output(graph, diff, ops.sub, mul.device) || !only_read_by_chain(readers, diff.node)) continue;
+    if (!is_single_output(graph, diff, ops.sub, mul.device) || !readers.only_reader_is_one_node(diff.node)) continue;
     const Node& sub = graph.node(diff.node);
     if (sub.inputs.size() != 2 || sub.outputs[0].shape != out.shape || sub.outputs[0].dtype != out.dtype) continue;
 
@@ -102,10 +96,10 @@ void fuse_at(Graph& graph, const Readers& readers, const PatternOps& ops, int32_
       if (replaced >= 0) merge_control_inputs(fused, graph.node(replaced));
     }
     graph.node(sub_id).removed = true;
-    if (only_read_by_chain(readers, softmax_id)) graph.node(softmax_id).removed = true;
-    const bool cast_goes = cast < 0 || only_read_by_chain(readers, cast);
+    if (readers.only_reader_is_one_node(softmax_id)) graph.node(softmax_id).removed = true;
+    const bool cast_goes = cast < 0 || readers.only_reader_is_one_node(cast);
     if (cast >= 0 && cast_goes) graph.node(cast).removed = true;
-    if (cast_goes && only_read_by_chain(readers, one_hot_id)) graph.node(one_hot_id).removed = true;
+    if (cast_goes && readers.only_reader_is_one_node(one_hot_id)) graph.node(one_hot_id).removed = true;
     return;
   }
 }

@@ -51,8 +51,7 @@ int fusible_product(const Graph& graph, const Readers& readers, int32_t id) {
     const ValueRef bias = add.inputs[static_cast<size_t>(1 - side)];
     const Node& mm = graph.node(product.node);
     if (product.output != 0 || !is_live_op(mm, &matmul_op) || mm.inputs.size() != 2 || mm.device != add.device) continue;
-    const auto p = static_cast<size_t>(product.node);
-    if (readers.pinned[p] || readers.of[p].size() != 1) continue;  // its only reader is this add
+    if (!readers.only_reader_is_one_node(product.node)) continue;  // its only reader is this add
     const TensorMeta& a = graph.meta(mm.inputs[0]);
     const TensorMeta& w = graph.meta(mm.inputs[1]);
     const TensorMeta& b = graph.meta(bias);

@@ -1,6 +1,7 @@
 // What the rewrite passes that match a producer and its consumer (fuse_convolutions,
-// fuse_matmul_bias) share: who reads each node's output 0, whether something needs that value as
-// it is, small node tests, and the relu a producer may take over (with relu's gradient tests).
+// fuse_matmul_bias, fuse_relu_bias_grad, fuse_cross_entropy_grad) share: who reads each node's
+// output 0, whether something needs that value as it is, small node tests, and the relu a producer
+// may take over (with relu's gradient tests).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,13 @@ struct Readers {
   std::vector<bool> ordered;  // a control input of some node, or an effect: must stay a node
 
   explicit Readers(const Graph& graph);
+
+  // Node `id`'s output 0 has exactly one reader and nothing else needs it as it is: a rewrite that
+  // replaces that reader may drop (or take over) the node.
+  bool only_reader_is_one_node(int32_t id) const {
+    const auto i = static_cast<size_t>(id);
+    return !pinned[i] && of[i].size() == 1;
+  }
 };
 
 // A live op node of exactly `op` (false when op is null: an op this build did not register).

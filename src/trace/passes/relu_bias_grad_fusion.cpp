@@ -61,8 +61,7 @@ void fuse_at(Graph& graph, const Readers& readers, const Op* where_op, int32_t i
       test.device != where.device || !is_positive_zero_scalar(graph.node(where.inputs[2].node))) {
     return;
   }
-  const auto m = static_cast<size_t>(mask.node);
-  if (readers.pinned[m] || readers.of[m].size() != 1) return;  // the mask's only reader is this where
+  if (!readers.only_reader_is_one_node(mask.node)) return;  // the mask's only reader is this where
   const ValueRef y = test.inputs[0];
   if (y.node == test.inputs[1].node || !is_zero_scalar(graph.node(test.inputs[1].node))) return;
   const TensorMeta& ym = graph.meta(y);
