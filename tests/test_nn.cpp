@@ -1,7 +1,10 @@
-// Neural-network ops: one_hot, softmax, log_softmax and softmax_cross_entropy, against f64 references,
-// with huge logits, every supported dtype, non-contiguous and empty inputs, and the declared errors.
+// Neural-network ops: one_hot, softmax, log_softmax and softmax_cross_entropy (the f32 loss within its
+// stated error bound), against f64 references, with huge logits, infinities and NaN, every supported
+// dtype, non-contiguous and empty inputs, and the declared errors.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -216,6 +219,80 @@ TEST_CASE("softmax_cross_entropy equals -log_softmax picked at the labels") {
     }
   }
   CHECK(compared == 16);
+}
+
+// The f32 loss's error bound (src/ops/softmax_line.hpp, cross_entropy_rows_f32), per row, from the
+// f64 reference on the same f32 logits: 2^-23 (the vector exp's 1 ulp, through the f64 sum and log)
+// + 2^-24 sum_c p_c |d_c| + 2^-24 |d_label| (x - max rounded to f32) + 2^-24 |loss| (the result's
+// rounding), d = x - max. The libm path (f64 exps) meets the same bound.
+TEST_CASE("f32 softmax_cross_entropy is within its stated bound of an f64 loop") {
+  int compared = 0;
+  uint64_t seed = 700;
+  // Odd sizes, one class, rows that span several of the kernel's blocks (4096 / C rows), rows wider
+  // than a block, and logits spread wide enough that the rounding of x - max shows.
+  for (const fl::Shape& shape : {fl::Shape{1, 1}, fl::Shape{7, 3}, fl::Shape{1024, 10}, fl::Shape{1000, 17},
+                                 fl::Shape{3, 5000}, fl::Shape{2, 4097}, fl::Shape{129, 1}}) {
+    for (double scale : {1.0, 4.0, 40.0}) {
+      CAPTURE(shape);
+      CAPTURE(scale);
+      const fl::Tensor logits = fl::randn(shape, seed++, fl::f32) * scale;
+      const fl::Tensor labels = random_labels(shape[0], shape[1], seed++, fl::i64);
+      const std::vector<double> x = test::values(logits), label = test::values(labels),
+                                got = test::values(fl::softmax_cross_entropy(logits, labels));
+      const int64_t c = shape[1];
+      int64_t outside = 0;
+      double worst = 0;  // largest |error| / bound
+      for (int64_t r = 0; r < shape[0]; ++r) {
+        const double* row = x.data() + r * c;
+        double top = row[0];
+        for (int64_t i = 0; i < c; ++i) top = std::max(top, row[i]);
+        double total = 0, weighted = 0;
+        for (int64_t i = 0; i < c; ++i) total += std::exp(row[i] - top);
+        for (int64_t i = 0; i < c; ++i) weighted += std::exp(row[i] - top) / total * std::abs(row[i] - top);
+        const double picked = row[static_cast<int64_t>(label[static_cast<size_t>(r)])] - top;
+        const double want = std::log(total) - picked;
+        const double bound = std::ldexp(1.0, -23) + std::ldexp(weighted + std::abs(picked) + std::abs(want), -24);
+        const double error = std::abs(got[static_cast<size_t>(r)] - want);
+        worst = std::max(worst, error / bound);
+        if (!(error <= bound)) ++outside;
+      }
+      CAPTURE(worst);
+      CHECK(outside == 0);
+      ++compared;
+    }
+  }
+  CHECK(compared == 21);
+}
+
+TEST_CASE("softmax_cross_entropy's rows do not depend on the split or the block") {
+  // 20000 rows go to the pool in pieces and to the kernel's blocks; a row's loss must be the one it
+  // has alone, bit for bit (eager and traced steps rely on this).
+  for (fl::DType dt : test::kFloatDTypes) {
+    CAPTURE(dt);
+    const fl::Tensor logits = fl::randn(fl::Shape{20000, 10}, 811, dt) * 3.0;
+    const fl::Tensor labels = random_labels(20000, 10, 812, fl::i32);
+    const std::vector<double> all = test::values(fl::softmax_cross_entropy(logits, labels));
+    int64_t differ = 0;
+    for (int64_t r : {int64_t{0}, int64_t{1}, int64_t{408}, int64_t{409}, int64_t{4097}, int64_t{12345}, int64_t{19999}}) {
+      const fl::Tensor one = fl::softmax_cross_entropy(fl::slice(logits, 0, r, 1),
+                                                       fl::slice(labels, 0, r, 1));
+      if (test::values(one)[0] != all[static_cast<size_t>(r)]) ++differ;
+    }
+    CHECK(differ == 0);
+  }
+}
+
+TEST_CASE("softmax_cross_entropy passes infinities and NaN through as the f64 formula does") {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (fl::DType dt : test::kFloatDTypes) {
+    CAPTURE(dt);
+    // Row 0: a -inf logit off the label adds nothing; row 1: -inf at the label, loss +inf; row 2: a
+    // NaN logit makes the row NaN; row 3: all -inf (no maximum to subtract) is NaN; row 4: +inf.
+    const fl::Tensor logits =
+        test::make({0, -inf, 0, 1, -inf, 1, 0, nan, 2, -inf, -inf, -inf, inf, 0, 0}, fl::Shape{5, 3}, dt);
+    const fl::Tensor labels = fl::tensor({int64_t{0}, int64_t{1}, int64_t{0}, int64_t{0}, int64_t{1}});
+    check_tensor(fl::softmax_cross_entropy(logits, labels), {std::log(2.0), inf, nan, nan, nan}, fl::Shape{5}, dt);
+  }
 }
 
 TEST_CASE("softmax_cross_entropy is finite for huge logits") {

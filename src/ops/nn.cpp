@@ -131,10 +131,21 @@ void cross_entropy_kernel(const OpCall& call, std::span<Tensor> out) {
                        label[i], i);
     }
   }
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(classes, 1));
   visit_dtype<kFloatCompute>(logits.dtype(), [&]<class T>(TypeTag<T>) {
     const T* x = static_cast<const T*>(logits.raw_data());
     T* loss = static_cast<T*>(out[0].raw_data());
-    parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(classes, 1)),
+    if constexpr (std::is_same_v<T, float>) {
+      // f32: one vectorized exp per element (softmax_line.hpp states the loss's error bound); f64
+      // and CPUs without the vector exp keep libm's exp in f64 below.
+      if (const VectorMathF32 exp = vector_exp_f32(); exp != nullptr) {
+        parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+          cross_entropy_rows_f32(exp, x, label.data(), loss, classes, begin, end);
+        });
+        return;
+      }
+    }
+    parallel_for(rows, grain,
                  [&](int64_t begin, int64_t end) {
                    for (int64_t r = begin; r < end; ++r) {
                      const T* row = x + r * classes;
