@@ -3,9 +3,10 @@
 // eager's one_hot/cast/softmax/sub/mul, bit for bit (odd sizes, one
 // class, empty, rows split over threads, strided logits, huge and -inf logits, NaN, i32 and i64
 // labels); the traced loss gradient fuses to one
-// node and equals eager, the unfused graph and f64 finite differences; where the pass must not
-// fire (softmax over the other axis, the difference read elsewhere, operands swapped, g not
-// [N, 1], targets that are not one_hot); and the op's errors.
+// node and equals eager, the unfused graph and f64 finite differences; at batch 1 (no mul left, the
+// op without g) likewise; where the pass must not fire (softmax over the other axis, operands
+// swapped, targets that are not one_hot, the lone difference whose softmax is read elsewhere) and
+// where only the difference fuses (it is also returned, g of [N, C] or [1, C]); and the op's errors.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -58,6 +59,10 @@ fl::Tensor eager_chain(const fl::Tensor& logits, const fl::Tensor& labels, const
 fl::Tensor fused_op(const fl::Tensor& logits, const fl::Tensor& labels, const fl::Tensor& g) {
   return fl::dispatch_all(fl::detail::cross_entropy_grad_op, Tensors{logits, labels, g}, nullptr)[0];
 }
+// The op without g (g = 1), as the pass makes it where no mul was left.
+fl::Tensor fused_op(const fl::Tensor& logits, const fl::Tensor& labels) {
+  return fl::dispatch_all(fl::detail::cross_entropy_grad_op, Tensors{logits, labels}, nullptr)[0];
+}
 
 // Against a naive f64 loop: f32's p carries a few ulp; g * (p - 1) loses p's leading digit.
 test::Tolerance tolerance(fl::DType dtype) {
@@ -105,6 +110,10 @@ TEST_CASE_TEMPLATE("softmax_cross_entropy_grad equals eager's ops bit for bit an
       const fl::Tensor got = fused_op(logits, labels, g);
       check_matches_eager(got, eager_chain(logits, labels, g));
       CHECK(test::check_tensor(got, naive_grad(logits, labels, g), fl::Shape{c.n, c.c}, dtype, tolerance(dtype)));
+      // Without g: softmax - one_hot, as eager's chain with g = 1 (its mul by 1 changes nothing).
+      const fl::Tensor ones = fl::ones(fl::Shape{c.n, 1}, dtype), no_g = fused_op(logits, labels);
+      check_matches_eager(no_g, eager_chain(logits, labels, ones));
+      CHECK(test::check_tensor(no_g, naive_grad(logits, labels, ones), fl::Shape{c.n, c.c}, dtype, tolerance(dtype)));
     }
   }
   // Strided logits (a transposed view) and a column-sliced g.
@@ -176,6 +185,35 @@ TEST_CASE("a traced cross-entropy gradient becomes one node, equal to eager, the
   }
 }
 
+TEST_CASE("at batch 1 (no mul left after simplify) the traced loss gradient is still one node, equal to eager") {
+  for (const fl::DType dtype : {fl::f32, fl::f64}) {
+    for (const int64_t n : {int64_t{1}, int64_t{3}}) {  // 3: a plain sum, whose gradient is 1 per row too
+      CAPTURE(dtype);
+      CAPTURE(n);
+      const int64_t c = 10;
+      const fl::Tensor logits = random({n, c}, 41, dtype), labels = labels_for(n, c, fl::i64, 4);
+      auto f = [n](const fl::Tensor& x, const fl::Tensor& l) {
+        fl::GradientTape tape;
+        tape.watch(x);
+        const fl::Tensor per_row = fl::softmax_cross_entropy(x, l);
+        return tape.gradient(n == 1 ? fl::mean(per_row) : fl::sum(per_row), Tensors{x})[0];
+      };
+      auto traced = fl::trace(f);
+      const fl::Graph& graph = traced.graph(logits, labels);
+      graph.check_invariants();
+      CHECK(count_ops(graph, "softmax_cross_entropy_grad") == 1);
+      for (const char* gone : {"softmax", "one_hot", "cast", "sub", "mul"}) {
+        CAPTURE(gone);
+        CHECK(count_ops(graph, gone) == 0);
+      }
+      const fl::Tensor got = traced(logits, labels);
+      check_matches_eager(got, f(logits, labels));
+      CHECK(test::check_tensor(got, naive_grad(logits, labels, fl::ones(fl::Shape{n, 1}, dtype)), fl::Shape{n, c}, dtype,
+                               tolerance(dtype)));
+    }
+  }
+}
+
 TEST_CASE("the cross-entropy gradient pass fires on g * (softmax(x) - one_hot(l)) only") {
   const int64_t n = 6, c = 5;
   const fl::Tensor x = random({n, c}, 21, fl::f64), labels = labels_for(n, c, fl::i64, 1);
@@ -201,23 +239,40 @@ TEST_CASE("the cross-entropy gradient pass fires on g * (softmax(x) - one_hot(l)
           const fl::Tensor p = fl::softmax(xa);
           return Tensors{ga * (p - targets(la)), p};
         }) == 1);
-  // Not: softmax over the rows, the difference also returned, targets minus softmax, g of [1, C]
-  // or [N, C], targets that are not one_hot.
+  // The difference also returned, g of [N, C] or [1, C]: the mul stays, the difference alone fuses
+  // (g = 1).
+  auto muls_left = [&](auto f) { return count_ops(fl::trace(f).graph(x, labels, g), "mul"); };
+  const auto also_returned = [&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor& ga) {
+    const fl::Tensor d = fl::softmax(xa) - targets(la);
+    return Tensors{ga * d, d};
+  };
+  CHECK(fused_count(also_returned) == 1);
+  CHECK(muls_left(also_returned) == 1);
+  const auto full_g = [&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor& ga) {
+    return Tensors{(ga * xa) * (fl::softmax(xa) - targets(la))};
+  };
+  CHECK(fused_count(full_g) == 1);
+  CHECK(muls_left(full_g) == 2);
+  const auto row_g = [&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor& ga) {  // g [1, C]
+    return Tensors{fl::reshape(fl::slice(ga, 0, 0, c), {1, c}) * (fl::softmax(xa) - targets(la))};
+  };
+  CHECK(fused_count(row_g) == 1);
+  CHECK(muls_left(row_g) == 1);
+  // No mul at all (a loss gradient of 1): the difference fuses, unless the softmax is also read
+  // elsewhere (the fused node would compute a softmax a kept node computes too).
+  CHECK(fused_count([&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor&) {
+          return Tensors{fl::softmax(xa) - targets(la)};
+        }) == 1);
+  CHECK(fused_count([&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor&) {
+          const fl::Tensor p = fl::softmax(xa);
+          return Tensors{p - targets(la), p};
+        }) == 0);
+  // Not: softmax over the rows, targets minus softmax, targets that are not one_hot.
   CHECK(fused_count([&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor& ga) {
           return Tensors{ga * (fl::softmax(xa, 0) - targets(la))};
         }) == 0);
   CHECK(fused_count([&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor& ga) {
-          const fl::Tensor d = fl::softmax(xa) - targets(la);
-          return Tensors{ga * d, d};
-        }) == 0);
-  CHECK(fused_count([&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor& ga) {
           return Tensors{ga * (targets(la) - fl::softmax(xa))};
-        }) == 0);
-  CHECK(fused_count([&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor& ga) {
-          return Tensors{fl::reshape(fl::slice(ga, 0, 0, c), {1, c}) * (fl::softmax(xa) - targets(la))};
-        }) == 0);
-  CHECK(fused_count([&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor& ga) {
-          return Tensors{(ga * xa) * (fl::softmax(xa) - targets(la))};
         }) == 0);
   CHECK(fused_count([&](const fl::Tensor& xa, const fl::Tensor&, const fl::Tensor& ga) {
           return Tensors{ga * (fl::softmax(xa) - fl::exp(xa))};
@@ -232,6 +287,8 @@ TEST_CASE("softmax_cross_entropy_grad names itself and the shapes, dtypes and la
   CHECK(test::check_op_throws<fl::ShapeError>("softmax_cross_entropy_grad",
                                               [&] { fused_op(x, labels_for(4, 4, fl::i64, 0), g); }, {"[4]"}));
   CHECK(test::check_op_throws<fl::ShapeError>("softmax_cross_entropy_grad",
+                                              [&] { fused_op(x, labels_for(4, 4, fl::i64, 0)); }, {"[3, 4]", "[4]"}));
+  CHECK(test::check_op_throws<fl::ShapeError>("softmax_cross_entropy_grad",
                                               [&] { fused_op(random({3, 4, 1}, 34, fl::f32), l, g); }, {"[3, 4, 1]"}));
   CHECK(test::check_op_throws<fl::DTypeError>("softmax_cross_entropy_grad", [&] { fused_op(x, l, g.astype(fl::f64)); },
                                               {"f32", "f64"}));
@@ -241,6 +298,8 @@ TEST_CASE("softmax_cross_entropy_grad names itself and the shapes, dtypes and la
                                               {"f32"}));
   const fl::Tensor bad = fl::tensor(std::vector<int64_t>{0, 4, 1}, fl::Shape{3});
   CHECK(test::check_op_throws<fl::OutOfRange>("softmax_cross_entropy_grad", [&] { fused_op(x, bad, g); },
+                                              {"[0, 4)", "label 4", "position 1"}));
+  CHECK(test::check_op_throws<fl::OutOfRange>("softmax_cross_entropy_grad", [&] { fused_op(x, bad); },
                                               {"[0, 4)", "label 4", "position 1"}));
   const fl::Tensor negative = fl::tensor(std::vector<int32_t>{0, 1, -1}, fl::Shape{3});
   CHECK(test::check_op_throws<fl::OutOfRange>("softmax_cross_entropy_grad", [&] { fused_op(x, negative, g); },

@@ -22,14 +22,18 @@ constexpr const char* kName = "softmax_cross_entropy_grad";
 void cross_entropy_grad_infer(const OpCall& call, OutputSpec& spec) {
   const Tensor& logits = call.inputs[0];
   const Tensor& labels = call.inputs[1];
-  const Tensor& g = call.inputs[2];
   check_dtype(kName, logits.dtype(), kFloatCompute);
   check_dtype(kName, labels.dtype(), bit(i32) | bit(i64));
+  if (logits.rank() != 2 || labels.shape() != Shape{logits.shape()[0]}) {
+    fail<ShapeError>("{}: expects logits [N, C] and labels [N]; got logits {} and labels {}", kName, logits.shape(),
+                     labels.shape());
+  }
+  if (call.inputs.size() < 3) return void(spec.outputs[0] = {logits.shape(), logits.dtype()});  // g = 1
+  const Tensor& g = call.inputs[2];
   if (g.dtype() != logits.dtype()) {
     fail<DTypeError>("{}: g must have the logits' dtype; got logits {} and g {}", kName, logits.dtype(), g.dtype());
   }
-  if (logits.rank() != 2 || labels.shape() != Shape{logits.shape()[0]} ||
-      g.shape() != Shape{logits.shape()[0], 1}) {
+  if (g.shape() != Shape{logits.shape()[0], 1}) {
     fail<ShapeError>("{}: expects logits [N, C], labels [N] and g [N, 1]; got logits {}, labels {} and g {}", kName,
                      logits.shape(), labels.shape(), g.shape());
   }
@@ -52,39 +56,47 @@ std::vector<int64_t> checked_labels(const Tensor& labels, int64_t classes) {
   return label;
 }
 
+// Row r of probabilities p becomes g[r] * (p - one_hot(label[r])), or p - one_hot(label[r]) with no
+// g (the loss's gradient 1: eager's mul by 1 changes nothing).
+template <class T>
+void subtract_target(T* row, const T* g, const int64_t* label, int64_t classes, int64_t r) {
+  if (g == nullptr) {
+    row[label[r]] -= T(1);
+    return;
+  }
+  for (int64_t c = 0; c < classes; ++c) row[c] = g[r] * (row[c] - (c == label[r] ? T(1) : T(0)));
+}
+
 // Rows [begin, end), eager's arithmetic: the softmax line (as the softmax op computes it), then
-// g * (p - target) in T. Bit for bit what one_hot, cast, softmax, sub and mul write.
+// g * (p - target) in T (g null: p - target). Bit for bit what one_hot, cast, softmax, sub and mul write.
 template <class T>
 void exact_rows(const T* x, const T* g, const int64_t* label, T* dx, int64_t classes, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) {
     T* row = dx + r * classes;
     softmax_line<false>(x + r * classes, row, classes, 1);
-    for (int64_t c = 0; c < classes; ++c) row[c] = g[r] * (row[c] - (c == label[r] ? T(1) : T(0)));
+    subtract_target(row, g, label, classes, r);
   }
 }
 
 // Rows [begin, end) of f32 logits: the softmax rows eager's f32 softmax op computes
-// (softmax_rows_f32, one vectorized exp over the block), then g * (p - target). The libm version of
+// (softmax_rows_f32, one vectorized exp over the block), then g * (p - target) (g null: p - target). The libm version of
 // this node cost as much as the softmax it replaced (205 us at 1024 x 10, profile_step, load 8).
 void vector_rows(VectorMathF32 exp, const float* x, const float* g, const int64_t* label, float* dx, int64_t classes,
                  int64_t begin, int64_t end) {
   softmax_rows_f32(exp, x, dx, classes, begin, end);
-  for (int64_t r = begin; r < end; ++r) {
-    float* row = dx + r * classes;
-    for (int64_t c = 0; c < classes; ++c) row[c] = g[r] * (row[c] - (c == label[r] ? 1.0f : 0.0f));
-  }
+  for (int64_t r = begin; r < end; ++r) subtract_target(dx + r * classes, g, label, classes, r);
 }
 
 void cross_entropy_grad_kernel(const OpCall& call, std::span<Tensor> out) {
   const Tensor logits = call.inputs[0].contiguous();
-  const Tensor g = call.inputs[2].contiguous();
+  const Tensor g = call.inputs.size() > 2 ? call.inputs[2].contiguous() : Tensor();
   const int64_t rows = logits.shape()[0], classes = logits.shape()[1];
   const std::vector<int64_t> label = checked_labels(call.inputs[1], classes);
   if (rows == 0 || classes == 0) return;
   const int64_t grain = std::max<int64_t>(1, kParallelGrain / classes);
   visit_dtype<kFloatCompute>(logits.dtype(), [&]<class T>(TypeTag<T>) {
     const T* x = static_cast<const T*>(logits.raw_data());
-    const T* gs = static_cast<const T*>(g.raw_data());
+    const T* gs = g.defined() ? static_cast<const T*>(g.raw_data()) : nullptr;
     T* dx = static_cast<T*>(out[0].raw_data());
     VectorMathF32 exp = nullptr;
     if constexpr (std::is_same_v<T, float>) exp = vector_exp_f32();
@@ -99,7 +111,7 @@ void cross_entropy_grad_kernel(const OpCall& call, std::span<Tensor> out) {
 
 }  // namespace
 
-Op cross_entropy_grad_op{kName, 3, 3, kNoFlags, &cross_entropy_grad_infer, {&cross_entropy_grad_kernel, nullptr}};
+Op cross_entropy_grad_op{kName, 2, 3, kNoFlags, &cross_entropy_grad_infer, {&cross_entropy_grad_kernel, nullptr}};
 
 void add_cross_entropy_grad_ops(std::vector<Op*>& ops) { ops.push_back(&cross_entropy_grad_op); }
 

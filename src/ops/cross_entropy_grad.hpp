@@ -8,9 +8,9 @@
 
 namespace flowlet::detail {
 
-// Inputs logits [N, C] (f32 or f64, any strides), labels [N] (i32 or i64, each in [0, C)) and the
-// loss's incoming gradient g [N, 1] in the logits' dtype. Output dx [N, C] = g * (softmax(logits) -
-// one_hot(labels, C)): one node and one pass where eager runs one_hot, (cast), softmax, sub and
+// Inputs logits [N, C] (f32 or f64, any strides), labels [N] (i32 or i64, each in [0, C)) and,
+// optionally, the loss's incoming gradient g [N, 1] in the logits' dtype (absent: 1, where the
+// pass found no mul). Output dx [N, C] = g * (softmax(logits) - one_hot(labels, C)): one node and one pass where eager runs one_hot, (cast), softmax, sub and
 // mul, each a pass over [N, C]. The softmax is the softmax op's own arithmetic
 // (src/ops/softmax_line.hpp: f32 rows with the vectorized exp, f64 lines with libm), so the result
 // equals eager's bit for bit. A label outside [0, C) throws OutOfRange naming the op. No gradient: the
