@@ -13,7 +13,7 @@
 // threads are awake and placed. --old-pacing restores round 18's way (threaded OpenBLAS last,
 // then 100 ms of sleep; one untimed call) for comparison. oneDNN's sgemm on one thread is a contender where the build has
 // it (flowlet uses it for thin f32 pieces).
-// Resolution: a round's sample is --subsamples (5) back-to-back timings of --sample-ms (2) each
+// Resolution: a round's sample is --subsamples (3) back-to-back timings of --sample-ms (2) each
 // (fewer for products whose one call outlasts them), and a contender's figure for the round is the
 // --estimator of them: min (default), median, mean (one sample of k x sample-ms) or first (one
 // sample of sample-ms, round 21's way). The A/A control (--control, default "OB 1t") is the same
@@ -21,8 +21,8 @@
 // per-round ratio against the original is printed on every row ("A/A"), and the run ends with each
 // estimator's A/A spread over the shapes, the noise floor a flowlet figure of that run has to clear
 // (docs/notes22/exec.md: which estimator resolved best, measured).
-//   FLOWLET_NUM_THREADS=2 bench_gemm_shapes [--rounds 9] [--f64] [--train|--squares] [--batch B] [--only TEXT]
-//                                           [--sample-ms 2] [--subsamples 5] [--estimator min|median|mean|first]
+//   FLOWLET_NUM_THREADS=2 bench_gemm_shapes [--rounds 13] [--f64] [--train|--squares] [--batch B] [--only TEXT]
+//                                           [--sample-ms 2] [--subsamples 3] [--estimator min|median|mean|first]
 //                                           [--control "OB 1t"|"OB 2t"|"oneDNN 1t"|none] [--warm-ms 20]
 //                                           [--old-pacing]
 //                                           [--shape M K N nn|tn|nt|tt]...  (only these products; t: that
@@ -110,9 +110,9 @@ double estimate(const std::vector<double>& sub_ns, Estimator e) {
 }
 
 struct Options {
-  int rounds = 9;
+  int rounds = 13;
   double sample_ms = 2, warm_ms = 20;
-  int subsamples = 5;
+  int subsamples = 3;
   Estimator estimator = Estimator::min;
   std::string control = "OB 1t";  // the contender the A/A control repeats ("none": no control)
   int budget = 1;
