@@ -15,6 +15,7 @@
 #include "flowlet/graph.hpp"
 #include "flowlet/trace.hpp"
 #include "ops/cross_entropy_grad.hpp"
+#include "support/loss_inputs.hpp"
 #include "support/pass_switch.hpp"
 #include "support/reference.hpp"
 
@@ -22,26 +23,6 @@ namespace {
 
 using Tensors = std::vector<fl::Tensor>;
 using test::count_ops;
-
-fl::Tensor random(const fl::Shape& shape, uint64_t seed, fl::DType dtype) {
-  return fl::uniform(shape, -3.0, 3.0, seed, dtype);
-}
-
-fl::Tensor labels_for(int64_t n, int64_t classes, fl::DType dtype, uint64_t seed) {
-  std::vector<double> v(static_cast<size_t>(n));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>((i * 7 + seed) % static_cast<uint64_t>(classes));
-  return test::make(v, fl::Shape{n}, dtype);
-}
-
-// Equal bit for bit (NaN where the other has NaN), shape and dtype included.
-void check_same_bits(const fl::Tensor& got, const fl::Tensor& want) {
-  REQUIRE(got.shape() == want.shape());
-  REQUIRE(got.dtype() == want.dtype());
-  const std::vector<double> a = test::values(got), b = test::values(want);
-  size_t differ = 0;
-  for (size_t i = 0; i < a.size(); ++i) differ += !(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])));
-  CHECK(differ == 0);
-}
 
 Tensors with_probs(const fl::Tensor& logits, const fl::Tensor& labels) {
   return fl::dispatch_all(fl::detail::cross_entropy_probs_op, Tensors{logits, labels}, nullptr);
@@ -53,11 +34,11 @@ fl::Tensor grad_from(const fl::Op& op, const Tensors& inputs) { return fl::dispa
 void check_ops(const fl::Tensor& logits, const fl::Tensor& labels, const fl::Tensor& g) {
   const Tensors out = with_probs(logits, labels);
   REQUIRE(out.size() == 2);
-  check_same_bits(out[0], fl::softmax_cross_entropy(logits, labels));
-  check_same_bits(out[1], fl::softmax(logits));
-  check_same_bits(grad_from(fl::detail::cross_entropy_grad_from_probs_op, {out[1], labels, g}),
+  test::check_same_bits(out[0], fl::softmax_cross_entropy(logits, labels));
+  test::check_same_bits(out[1], fl::softmax(logits));
+  test::check_same_bits(grad_from(fl::detail::cross_entropy_grad_from_probs_op, {out[1], labels, g}),
                   grad_from(fl::detail::cross_entropy_grad_op, {logits, labels, g}));
-  check_same_bits(grad_from(fl::detail::cross_entropy_grad_from_probs_op, {out[1], labels}),
+  test::check_same_bits(grad_from(fl::detail::cross_entropy_grad_from_probs_op, {out[1], labels}),
                   grad_from(fl::detail::cross_entropy_grad_op, {logits, labels}));
 }
 
@@ -88,18 +69,18 @@ TEST_CASE("softmax_cross_entropy_with_probs and _grad_from_probs equal the unsha
         CAPTURE(dtype);
         CAPTURE(c.name);
         CAPTURE(label_type);
-        check_ops(random({c.n, c.c}, 1, dtype), labels_for(c.n, c.c, label_type, 3), random({c.n, 1}, 2, dtype));
+        check_ops(test::loss_logits({c.n, c.c}, 1, dtype), test::loss_labels(c.n, c.c, label_type, 3), test::loss_logits({c.n, 1}, 2, dtype));
       }
     }
     CAPTURE(dtype);
     // Strided logits (a transposed view) and a column-sliced g.
-    check_ops(fl::transpose(random({9, 6}, 4, dtype)), labels_for(6, 9, fl::i64, 5),
-              fl::slice(random({6, 3}, 6, dtype), 1, 2, 1));
+    check_ops(fl::transpose(test::loss_logits({9, 6}, 4, dtype)), test::loss_labels(6, 9, fl::i64, 5),
+              fl::slice(test::loss_logits({6, 3}, 6, dtype), 1, 2, 1));
     // Huge logits, -inf off and at the label, NaN, a row of -inf.
     const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
     const fl::Tensor odd = test::make({1000, -1000, 999, -inf, 0, 1e4, 0, -inf, 1, 0, nan, 2, -inf, -inf, -inf},
                                       fl::Shape{5, 3}, dtype);
-    check_ops(odd, fl::tensor(std::vector<int64_t>{0, 2, 1, 0, 1}, fl::Shape{5}), random({5, 1}, 7, dtype));
+    check_ops(odd, fl::tensor(std::vector<int64_t>{0, 2, 1, 0, 1}, fl::Shape{5}), test::loss_logits({5, 1}, 7, dtype));
   }
 }
 
@@ -109,8 +90,8 @@ TEST_CASE("a traced step returning the loss and its gradient computes the softma
       CAPTURE(dtype);
       CAPTURE(n);
       const int64_t c = 10;
-      const fl::Tensor logits = random({n, c}, 11 + static_cast<uint64_t>(n), dtype);
-      const fl::Tensor labels = labels_for(n, c, fl::i64, 2);
+      const fl::Tensor logits = test::loss_logits({n, c}, 11 + static_cast<uint64_t>(n), dtype);
+      const fl::Tensor labels = test::loss_labels(n, c, fl::i64, 2);
       auto traced = fl::trace(loss_and_gradient);
       const fl::Graph& graph = traced.graph(logits, labels);
       graph.check_invariants();
@@ -121,22 +102,22 @@ TEST_CASE("a traced step returning the loss and its gradient computes the softma
         CHECK(count_ops(graph, gone) == 0);
       }
       const Tensors got = traced(logits, labels), eager = loss_and_gradient(logits, labels);
-      check_same_bits(got[0], eager[0]);
-      check_same_bits(got[1], eager[1]);
+      test::check_same_bits(got[0], eager[0]);
+      test::check_same_bits(got[1], eager[1]);
       test::PassSwitch off("FLOWLET_DENSE_FUSION", false);
       auto unfused = fl::trace(loss_and_gradient);
       CHECK(count_ops(unfused.graph(logits, labels), "softmax_cross_entropy_with_probs") == 0);
       const Tensors plain = unfused(logits, labels);
-      check_same_bits(got[0], plain[0]);
-      check_same_bits(got[1], plain[1]);
+      test::check_same_bits(got[0], plain[0]);
+      test::check_same_bits(got[1], plain[1]);
     }
   }
 }
 
 TEST_CASE("the softmax is shared only with the loss of the same logits and labels") {
   const int64_t n = 6, c = 5;
-  const fl::Tensor x = random({n, c}, 21, fl::f32), labels = labels_for(n, c, fl::i64, 1);
-  const fl::Tensor other_labels = labels_for(n, c, fl::i64, 2);
+  const fl::Tensor x = test::loss_logits({n, c}, 21, fl::f32), labels = test::loss_labels(n, c, fl::i64, 1);
+  const fl::Tensor other_labels = test::loss_labels(n, c, fl::i64, 2);
   auto gradient = [](const fl::Tensor& xa, const fl::Tensor& la) {
     fl::GradientTape tape;
     tape.watch(xa);
@@ -144,15 +125,10 @@ TEST_CASE("the softmax is shared only with the loss of the same logits and label
   };
   // Counts of (with_probs, grad_from_probs, plain fused gradient) in f's graph; its values equal eager.
   auto counts = [&](auto f) {
-    auto traced = fl::trace(f);
-    const fl::Graph& graph = traced.graph(x, labels, other_labels);
-    graph.check_invariants();
-    const Tensors got = traced(x, labels, other_labels), want = f(x, labels, other_labels);
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) check_same_bits(got[i], want[i]);
-    return std::vector<int>{count_ops(graph, "softmax_cross_entropy_with_probs"),
-                            count_ops(graph, "softmax_cross_entropy_grad_from_probs"),
-                            count_ops(graph, "softmax_cross_entropy_grad")};
+    return test::traced_op_counts(f,
+                                  {"softmax_cross_entropy_with_probs", "softmax_cross_entropy_grad_from_probs",
+                                   "softmax_cross_entropy_grad"},
+                                  x, labels, other_labels);
   };
   // The loss unused: its forward node was pruned, nothing to share.
   CHECK(counts([&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor&) {
@@ -172,19 +148,19 @@ TEST_CASE("the softmax is shared only with the loss of the same logits and label
 }
 
 TEST_CASE("the shared-softmax ops name themselves and what they refuse") {
-  const fl::Tensor x = random({3, 4}, 31, fl::f32), l = labels_for(3, 4, fl::i64, 0), g = random({3, 1}, 32, fl::f32);
+  const fl::Tensor x = test::loss_logits({3, 4}, 31, fl::f32), l = test::loss_labels(3, 4, fl::i64, 0), g = test::loss_logits({3, 1}, 32, fl::f32);
   const fl::Tensor bad = fl::tensor(std::vector<int64_t>{0, 4, 1}, fl::Shape{3});
   CHECK(test::check_op_throws<fl::OutOfRange>("softmax_cross_entropy_with_probs", [&] { with_probs(x, bad); },
                                               {"[0, 4)", "label 4", "position 1"}));
   CHECK(test::check_op_throws<fl::ShapeError>("softmax_cross_entropy_with_probs",
-                                              [&] { with_probs(x, labels_for(4, 4, fl::i64, 0)); }, {"[3, 4]", "[4]"}));
+                                              [&] { with_probs(x, test::loss_labels(4, 4, fl::i64, 0)); }, {"[3, 4]", "[4]"}));
   CHECK(test::check_op_throws<fl::DTypeError>("softmax_cross_entropy_with_probs",
                                               [&] { with_probs(x, l.astype(fl::f32)); }, {"f32"}));
   const fl::Op& from_probs = fl::detail::cross_entropy_grad_from_probs_op;
   CHECK(test::check_op_throws<fl::OutOfRange>("softmax_cross_entropy_grad_from_probs",
                                               [&] { grad_from(from_probs, {x, bad, g}); }, {"[0, 4)", "label 4"}));
   CHECK(test::check_op_throws<fl::ShapeError>("softmax_cross_entropy_grad_from_probs",
-                                              [&] { grad_from(from_probs, {x, l, random({3}, 33, fl::f32)}); },
+                                              [&] { grad_from(from_probs, {x, l, test::loss_logits({3}, 33, fl::f32)}); },
                                               {"[3, 4]", "[3]"}));
   CHECK(test::check_op_throws<fl::DTypeError>("softmax_cross_entropy_grad_from_probs",
                                               [&] { grad_from(from_probs, {x, l, g.astype(fl::f64)}); }, {"f32", "f64"}));

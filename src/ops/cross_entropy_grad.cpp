@@ -92,55 +92,50 @@ void vector_rows(VectorMathF32 exp, const float* x, const float* g, const int64_
   for (int64_t r = begin; r < end; ++r) subtract_target(dx + r * classes, g, label, classes, r);
 }
 
-void cross_entropy_grad_kernel(const OpCall& call, std::span<Tensor> out) {
-  const Tensor logits = call.inputs[0].contiguous();
-  const Tensor g = call.inputs.size() > 2 ? call.inputs[2].contiguous() : Tensor();
-  const int64_t rows = logits.shape()[0], classes = logits.shape()[1];
-  const std::vector<int64_t> label = checked_labels(kName, call.inputs[1], classes);
-  if (rows == 0 || classes == 0) return;
-  const int64_t grain = std::max<int64_t>(1, kParallelGrain / classes);
-  visit_dtype<kFloatCompute>(logits.dtype(), [&]<class T>(TypeTag<T>) {
-    const T* x = static_cast<const T*>(logits.raw_data());
-    const T* gs = g.defined() ? static_cast<const T*>(g.raw_data()) : nullptr;
-    T* dx = static_cast<T*>(out[0].raw_data());
-    VectorMathF32 exp = nullptr;
-    if constexpr (std::is_same_v<T, float>) exp = vector_exp_f32();
-    parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
-      if constexpr (std::is_same_v<T, float>) {
-        if (exp != nullptr) return vector_rows(exp, x, gs, label.data(), dx, classes, begin, end);
-      }
-      exact_rows(x, gs, label.data(), dx, classes, begin, end);
-    });
-  });
+// Rows [begin, end) of dx = g * (probs - one_hot(labels)) (no g: probs - one_hot): the rows after
+// the softmax in vector_rows and exact_rows, so the same bits where probs is the softmax they
+// compute. g * (p - 0) is g * p exactly: subtract_target's arithmetic without its compare per element.
+template <class T>
+void from_probs_rows(const T* p, const T* g, const int64_t* label, T* dx, int64_t classes, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) {
+    const T* pr = p + r * classes;
+    T* dr = dx + r * classes;
+    const int64_t at = label[r];
+    if (g == nullptr) {
+      std::copy(pr, pr + classes, dr);
+      dr[at] = pr[at] - T(1);
+      continue;
+    }
+    const T gr = g[r];
+    for (int64_t c = 0; c < classes; ++c) dr[c] = gr * pr[c];
+    dr[at] = gr * (pr[at] - T(1));
+  }
 }
 
-// dx = g * (probs - one_hot(labels)) (no g: probs - one_hot): the rows after the softmax in
-// vector_rows and exact_rows, so the same bits where probs is the softmax they compute.
-void cross_entropy_grad_from_probs_kernel(const OpCall& call, std::span<Tensor> out) {
-  const Tensor probs = call.inputs[0].contiguous();
+// Both gradient ops: input 0 is the logits (FromProbs false: the softmax is computed here) or the
+// probs the forward wrote.
+template <bool FromProbs>
+void cross_entropy_grad_kernel(const OpCall& call, std::span<Tensor> out) {
+  const Tensor input = call.inputs[0].contiguous();
   const Tensor g = call.inputs.size() > 2 ? call.inputs[2].contiguous() : Tensor();
-  const int64_t rows = probs.shape()[0], classes = probs.shape()[1];
+  const int64_t rows = input.shape()[0], classes = input.shape()[1];
   const std::vector<int64_t> label = checked_labels(call.op.name, call.inputs[1], classes);
   if (rows == 0 || classes == 0) return;
   const int64_t grain = std::max<int64_t>(1, kParallelGrain / classes);
-  visit_dtype<kFloatCompute>(probs.dtype(), [&]<class T>(TypeTag<T>) {
-    const T* p = static_cast<const T*>(probs.raw_data());
+  visit_dtype<kFloatCompute>(input.dtype(), [&]<class T>(TypeTag<T>) {
+    const T* x = static_cast<const T*>(input.raw_data());
     const T* gs = g.defined() ? static_cast<const T*>(g.raw_data()) : nullptr;
     T* dx = static_cast<T*>(out[0].raw_data());
+    VectorMathF32 exp = nullptr;
+    if constexpr (std::is_same_v<T, float> && !FromProbs) exp = vector_exp_f32();
     parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const T* pr = p + r * classes;
-        T* dr = dx + r * classes;
-        const int64_t at = label[static_cast<size_t>(r)];
-        if (gs == nullptr) {
-          std::copy(pr, pr + classes, dr);
-          dr[at] = pr[at] - T(1);
-          continue;
+      if constexpr (FromProbs) {
+        from_probs_rows(x, gs, label.data(), dx, classes, begin, end);
+      } else {
+        if constexpr (std::is_same_v<T, float>) {
+          if (exp != nullptr) return vector_rows(exp, x, gs, label.data(), dx, classes, begin, end);
         }
-        // g * (p - 0) is g * p exactly: subtract_target's arithmetic without its compare per element.
-        const T gr = gs[r];
-        for (int64_t c = 0; c < classes; ++c) dr[c] = gr * pr[c];
-        dr[at] = gr * (pr[at] - T(1));
+        exact_rows(x, gs, label.data(), dx, classes, begin, end);
       }
     });
   });
@@ -148,9 +143,9 @@ void cross_entropy_grad_from_probs_kernel(const OpCall& call, std::span<Tensor> 
 
 }  // namespace
 
-Op cross_entropy_grad_op{kName, 2, 3, kNoFlags, &cross_entropy_grad_infer, {&cross_entropy_grad_kernel, nullptr}};
+Op cross_entropy_grad_op{kName, 2, 3, kNoFlags, &cross_entropy_grad_infer, {&cross_entropy_grad_kernel<false>, nullptr}};
 Op cross_entropy_grad_from_probs_op{"softmax_cross_entropy_grad_from_probs", 2, 3, kNoFlags, &cross_entropy_grad_infer,
-                                    {&cross_entropy_grad_from_probs_kernel, nullptr}};
+                                    {&cross_entropy_grad_kernel<true>, nullptr}};
 
 void add_cross_entropy_grad_ops(std::vector<Op*>& ops) {
   ops.insert(ops.end(), {&cross_entropy_grad_op, &cross_entropy_grad_from_probs_op});
