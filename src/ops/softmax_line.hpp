@@ -1,7 +1,8 @@
 // The softmax arithmetic that softmax, log_softmax, softmax_cross_entropy (src/ops/nn.cpp) and the
 // fused cross-entropy gradient (src/ops/cross_entropy_grad.cpp) share, so that the fused node's
 // softmax is bit for bit the one eager's softmax op writes: one line of any stride, and f32 rows
-// (softmax and the cross-entropy loss) with the vectorized exp.
+// (softmax and the cross-entropy loss, with or without the probs the traced gradient reuses) with
+// the vectorized exp; and how finely the loss splits its rows over the pool.
 #pragma once
 
 #include <algorithm>
