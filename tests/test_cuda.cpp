@@ -299,7 +299,8 @@ TEST_CASE("every op with a CUDA kernel has a row in the CUDA table, and a build 
   const std::set<std::string> host_only = {
       "fused_elementwise",               // the fusion pass fuses CPU nodes only
       "matmul_bias", "relu_bias_grad",   // the dense-layer fusion passes fuse CPU nodes only
-      "softmax_cross_entropy_grad",      // so does the cross-entropy gradient fusion
+      "softmax_cross_entropy_grad",      // so does the cross-entropy gradient fusion,
+      "softmax_cross_entropy_with_probs", "softmax_cross_entropy_grad_from_probs",  // and its softmax sharing
       "queue_enqueue", "queue_dequeue",  // a queue lives on the host; its items stay where they are
       "optimizer_update",                // the fused optimizer step: CPU only so far; Optimizer::apply
                                          // keeps the per-op update for variables on a GPU

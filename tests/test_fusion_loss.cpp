@@ -17,6 +17,7 @@
 #include "flowlet/graph.hpp"
 #include "flowlet/trace.hpp"
 #include "ops/cross_entropy_grad.hpp"
+#include "support/loss_inputs.hpp"
 #include "support/pass_switch.hpp"
 #include "support/reference.hpp"
 
@@ -24,16 +25,6 @@ namespace {
 
 using Tensors = std::vector<fl::Tensor>;
 using test::count_ops;
-
-fl::Tensor random(const fl::Shape& shape, uint64_t seed, fl::DType dtype) {
-  return fl::uniform(shape, -3.0, 3.0, seed, dtype);
-}
-
-fl::Tensor labels_for(int64_t n, int64_t classes, fl::DType dtype, uint64_t seed) {
-  std::vector<double> v(static_cast<size_t>(n));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>((i * 7 + seed) % static_cast<uint64_t>(classes));
-  return test::make(v, fl::Shape{n}, dtype);
-}
 
 // Naive f64: g_i * (exp(x_ic) / sum_c exp(x_ic) - [c == label_i]).
 std::vector<double> naive_grad(const fl::Tensor& logits, const fl::Tensor& labels, const fl::Tensor& g) {
@@ -71,14 +62,7 @@ test::Tolerance tolerance(fl::DType dtype) {
 
 // Against eager's ops, bit for bit (NaN where eager has NaN): the fused node runs the softmax op's
 // own arithmetic (f32 rows with the vectorized exp, f64 with libm) and eager's sub and mul.
-void check_matches_eager(const fl::Tensor& got, const fl::Tensor& want) {
-  REQUIRE(got.shape() == want.shape());
-  REQUIRE(got.dtype() == want.dtype());
-  const std::vector<double> a = test::values(got), b = test::values(want);
-  size_t differ = 0;
-  for (size_t i = 0; i < a.size(); ++i) differ += !(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])));
-  CHECK(differ == 0);
-}
+void check_matches_eager(const fl::Tensor& got, const fl::Tensor& want) { test::check_same_bits(got, want); }
 
 struct Case {
   const char* name;
@@ -105,8 +89,8 @@ TEST_CASE_TEMPLATE("softmax_cross_entropy_grad equals eager's ops bit for bit an
     for (const fl::DType label_type : {fl::i32, fl::i64}) {
       CAPTURE(c.name);
       CAPTURE(label_type);
-      const fl::Tensor logits = random({c.n, c.c}, 1, dtype), g = random({c.n, 1}, 2, dtype);
-      const fl::Tensor labels = labels_for(c.n, c.c, label_type, 3);
+      const fl::Tensor logits = test::loss_logits({c.n, c.c}, 1, dtype), g = test::loss_logits({c.n, 1}, 2, dtype);
+      const fl::Tensor labels = test::loss_labels(c.n, c.c, label_type, 3);
       const fl::Tensor got = fused_op(logits, labels, g);
       check_matches_eager(got, eager_chain(logits, labels, g));
       CHECK(test::check_tensor(got, naive_grad(logits, labels, g), fl::Shape{c.n, c.c}, dtype, tolerance(dtype)));
@@ -117,12 +101,12 @@ TEST_CASE_TEMPLATE("softmax_cross_entropy_grad equals eager's ops bit for bit an
     }
   }
   // Strided logits (a transposed view) and a column-sliced g.
-  const fl::Tensor logits = fl::transpose(random({9, 6}, 4, dtype)), labels = labels_for(6, 9, fl::i64, 5);
-  const fl::Tensor g = fl::slice(random({6, 3}, 6, dtype), 1, 2, 1);
+  const fl::Tensor logits = fl::transpose(test::loss_logits({9, 6}, 4, dtype)), labels = test::loss_labels(6, 9, fl::i64, 5);
+  const fl::Tensor g = fl::slice(test::loss_logits({6, 3}, 6, dtype), 1, 2, 1);
   check_matches_eager(fused_op(logits, labels, g), eager_chain(logits, labels, g));
   // Large logits stay finite (the maximum is subtracted first); -inf logits get probability 0.
   std::vector<double> big = {1000, -1000, 999, -std::numeric_limits<double>::infinity(), 0, 1e4};
-  const fl::Tensor wide = test::make(big, fl::Shape{2, 3}, dtype), two = labels_for(2, 3, fl::i64, 1);
+  const fl::Tensor wide = test::make(big, fl::Shape{2, 3}, dtype), two = test::loss_labels(2, 3, fl::i64, 1);
   const fl::Tensor ones = fl::ones(fl::Shape{2, 1}, dtype);
   const fl::Tensor out = fused_op(wide, two, ones);
   check_matches_eager(out, eager_chain(wide, two, ones));
@@ -141,8 +125,8 @@ TEST_CASE("a traced cross-entropy gradient becomes one node, equal to eager, the
       CAPTURE(dtype);
       CAPTURE(mean);
       const int64_t n = 37, c = 10;
-      const fl::Tensor logits = random({n, c}, 11, dtype), labels = labels_for(n, c, fl::i64, 2);
-      const fl::Tensor weights = random({n}, 12, dtype);
+      const fl::Tensor logits = test::loss_logits({n, c}, 11, dtype), labels = test::loss_labels(n, c, fl::i64, 2);
+      const fl::Tensor weights = test::loss_logits({n}, 12, dtype);
       auto f = [mean](const fl::Tensor& x, const fl::Tensor& l, const fl::Tensor& w) {
         if (!mean) return logits_gradient(x, l, w);
         fl::GradientTape tape;
@@ -191,7 +175,7 @@ TEST_CASE("at batch 1 (no mul left after simplify) the traced loss gradient is s
       CAPTURE(dtype);
       CAPTURE(n);
       const int64_t c = 10;
-      const fl::Tensor logits = random({n, c}, 41, dtype), labels = labels_for(n, c, fl::i64, 4);
+      const fl::Tensor logits = test::loss_logits({n, c}, 41, dtype), labels = test::loss_labels(n, c, fl::i64, 4);
       auto f = [n](const fl::Tensor& x, const fl::Tensor& l) {
         fl::GradientTape tape;
         tape.watch(x);
@@ -216,17 +200,9 @@ TEST_CASE("at batch 1 (no mul left after simplify) the traced loss gradient is s
 
 TEST_CASE("the cross-entropy gradient pass fires on g * (softmax(x) - one_hot(l)) only") {
   const int64_t n = 6, c = 5;
-  const fl::Tensor x = random({n, c}, 21, fl::f64), labels = labels_for(n, c, fl::i64, 1);
-  const fl::Tensor g = random({n, 1}, 22, fl::f64);
-  auto fused_count = [&](auto f) {
-    auto traced = fl::trace(f);
-    const fl::Graph& graph = traced.graph(x, labels, g);
-    graph.check_invariants();
-    const Tensors got = traced(x, labels, g), want = f(x, labels, g);
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) check_matches_eager(got[i], want[i]);
-    return count_ops(graph, "softmax_cross_entropy_grad");
-  };
+  const fl::Tensor x = test::loss_logits({n, c}, 21, fl::f64), labels = test::loss_labels(n, c, fl::i64, 1);
+  const fl::Tensor g = test::loss_logits({n, 1}, 22, fl::f64);
+  auto fused_count = [&](auto f) { return test::traced_op_counts(f, {"softmax_cross_entropy_grad"}, x, labels, g)[0]; };
   auto targets = [c](const fl::Tensor& l) { return fl::cast(fl::one_hot(l, c), fl::f64); };
   // The pattern, either mul order; with the softmax also read elsewhere (it stays for that reader).
   CHECK(fused_count([&](const fl::Tensor& xa, const fl::Tensor& la, const fl::Tensor& ga) {
@@ -281,15 +257,15 @@ TEST_CASE("the cross-entropy gradient pass fires on g * (softmax(x) - one_hot(l)
 
 TEST_CASE("softmax_cross_entropy_grad names itself and the shapes, dtypes and labels it refuses") {
   const fl::Op& op = fl::detail::cross_entropy_grad_op;
-  const fl::Tensor x = random({3, 4}, 31, fl::f32), l = labels_for(3, 4, fl::i64, 0), g = random({3, 1}, 32, fl::f32);
-  CHECK(test::check_op_throws<fl::ShapeError>("softmax_cross_entropy_grad", [&] { fused_op(x, l, random({3}, 33, fl::f32)); },
+  const fl::Tensor x = test::loss_logits({3, 4}, 31, fl::f32), l = test::loss_labels(3, 4, fl::i64, 0), g = test::loss_logits({3, 1}, 32, fl::f32);
+  CHECK(test::check_op_throws<fl::ShapeError>("softmax_cross_entropy_grad", [&] { fused_op(x, l, test::loss_logits({3}, 33, fl::f32)); },
                                               {"[3, 4]", "[3]"}));
   CHECK(test::check_op_throws<fl::ShapeError>("softmax_cross_entropy_grad",
-                                              [&] { fused_op(x, labels_for(4, 4, fl::i64, 0), g); }, {"[4]"}));
+                                              [&] { fused_op(x, test::loss_labels(4, 4, fl::i64, 0), g); }, {"[4]"}));
   CHECK(test::check_op_throws<fl::ShapeError>("softmax_cross_entropy_grad",
-                                              [&] { fused_op(x, labels_for(4, 4, fl::i64, 0)); }, {"[3, 4]", "[4]"}));
+                                              [&] { fused_op(x, test::loss_labels(4, 4, fl::i64, 0)); }, {"[3, 4]", "[4]"}));
   CHECK(test::check_op_throws<fl::ShapeError>("softmax_cross_entropy_grad",
-                                              [&] { fused_op(random({3, 4, 1}, 34, fl::f32), l, g); }, {"[3, 4, 1]"}));
+                                              [&] { fused_op(test::loss_logits({3, 4, 1}, 34, fl::f32), l, g); }, {"[3, 4, 1]"}));
   CHECK(test::check_op_throws<fl::DTypeError>("softmax_cross_entropy_grad", [&] { fused_op(x, l, g.astype(fl::f64)); },
                                               {"f32", "f64"}));
   CHECK(test::check_op_throws<fl::DTypeError>("softmax_cross_entropy_grad",

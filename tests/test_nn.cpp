@@ -2,13 +2,18 @@
 // stated error bound), against f64 references, with huge logits, infinities and NaN, every supported
 // dtype, non-contiguous and empty inputs, and the declared errors.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/reference.hpp"
+#include "support/thread_count_child.hpp"
 
 using test::check_op_throws;
 using test::check_tensor;
@@ -279,6 +284,43 @@ TEST_CASE("softmax_cross_entropy's rows do not depend on the split or the block"
       if (test::values(one)[0] != all[static_cast<size_t>(r)]) ++differ;
     }
     CHECK(differ == 0);
+  }
+}
+
+namespace {
+// Bits of softmax_cross_entropy's losses (f32 and f64) at sizes the pool splits (from 4096 logits a
+// piece) and at sizes it does not, with odd row counts so that pieces differ in length.
+std::string cross_entropy_bits() {
+  std::string bits;
+  for (fl::DType dt : test::kFloatDTypes) {
+    for (const auto& [rows, classes] : {std::pair<int64_t, int64_t>{1024, 10}, {1023, 10}, {4099, 3}, {7, 5000},
+                                        {300, 10}, {1, 10}}) {
+      const fl::Tensor logits = fl::randn(fl::Shape{rows, classes}, 821 + rows, dt) * 3.0;
+      const fl::Tensor labels = random_labels(rows, classes, 822 + rows, fl::i64);
+      const fl::Tensor loss = fl::softmax_cross_entropy(logits, labels);
+      if (dt == fl::f32) {
+        for (float v : loss.to_vector<float>()) bits += fmt::format("{:08x}", std::bit_cast<uint32_t>(v));
+      } else {
+        for (double v : loss.to_vector<double>()) bits += fmt::format("{:016x}", std::bit_cast<uint64_t>(v));
+      }
+      bits += ' ';
+    }
+  }
+  return bits;
+}
+}  // namespace
+
+TEST_CASE("softmax_cross_entropy losses are bit-identical whatever the thread count") {
+  // Each thread count in its own child process (the pool reads FLOWLET_NUM_THREADS once).
+  if (std::getenv("FLOWLET_TEST_LOSS_BITS") != nullptr) {
+    std::printf("BITS %s\n", cross_entropy_bits().c_str());
+    return;
+  }
+  const std::string here = cross_entropy_bits();
+  for (int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    CHECK(flowlet_test::bits_from_child("FLOWLET_TEST_LOSS_BITS",
+                                        "softmax_cross_entropy losses are bit-identical*", threads) == here);
   }
 }
 

@@ -1016,6 +1016,8 @@ const std::map<std::string, std::string> kWithoutRow = [] {
       {"matmul_bias", "inserted by the fuse_matmul_bias pass, no public function (test_fusion_dense checks it against matmul, add and relu)"},
       {"relu_bias_grad", "inserted by the fuse_relu_bias_grad pass, no public function (test_fusion_dense checks it against where and sum)"},
       {"softmax_cross_entropy_grad", "inserted by the fuse_cross_entropy_grad pass, no public function (test_fusion_loss checks it against the unfused ops)"},
+      {"softmax_cross_entropy_with_probs", "inserted by the fuse_cross_entropy_grad pass, no public function (test_fusion_loss checks its loss and probs against softmax_cross_entropy and softmax)"},
+      {"softmax_cross_entropy_grad_from_probs", "inserted by the fuse_cross_entropy_grad pass, no public function (test_fusion_loss checks it against softmax_cross_entropy_grad)"},
       {"print", "writes to stderr and returns its input (test_trace)"},
       {"host_callback", "returns nothing; calls host code (test_trace)"},
       {"barrier", "returns nothing and takes no tensor (test_collective_ops)"},

@@ -1,7 +1,9 @@
-// softmax_cross_entropy_grad: the gradient of softmax_cross_entropy with respect to its logits in
-// one node, made by the fuse_cross_entropy_grad pass (src/trace/passes/cross_entropy_grad_fusion.cpp)
-// from what the loss's gradient rule records, g * (softmax(logits) - cast(one_hot(labels, C))); eager
-// code keeps its ops. Internal, not in the public op table.
+// The traced-only cross-entropy ops the fuse_cross_entropy_grad pass inserts
+// (src/trace/passes/cross_entropy_grad_fusion.cpp, cross_entropy_softmax_sharing.cpp): the gradient of
+// softmax_cross_entropy with respect to its logits in one node, from what the loss's gradient rule
+// records, g * (softmax(logits) - cast(one_hot(labels, C))); and, where the forward loss is in the
+// same graph, the forward writing the softmax once for the gradient to read. Eager code keeps its
+// ops. Internal, not in the public op table.
 #pragma once
 
 #include "flowlet/op.hpp"
@@ -16,5 +18,17 @@ namespace flowlet::detail {
 // equals eager's bit for bit. A label outside [0, C) throws OutOfRange naming the op. No gradient: the
 // pass runs after gradients were recorded.
 extern Op cross_entropy_grad_op;
+
+// softmax_cross_entropy_grad_from_probs: the same dx from probs = softmax(logits) [N, C] instead of
+// the logits (inputs probs, labels, optional g, as above): g * (probs - one_hot(labels, C)), one
+// pass without an exp. Fed by softmax_cross_entropy_with_probs's probs, it equals
+// softmax_cross_entropy_grad of the same logits bit for bit.
+extern Op cross_entropy_grad_from_probs_op;
+
+// softmax_cross_entropy_with_probs: softmax_cross_entropy's loss [N] (the same kernel, the same
+// bits) and, as a second output, probs [N, C] = softmax(logits) with the softmax op's bits (f32: the
+// exps the loss takes anyway, normalized as softmax_rows_f32 does; f64: softmax_line). Defined in
+// src/ops/nn.cpp next to softmax_cross_entropy, whose rule and kernel it shares. No gradient.
+extern Op cross_entropy_probs_op;
 
 }  // namespace flowlet::detail

@@ -1,4 +1,5 @@
-// Neural-network ops: one_hot, softmax, log_softmax and the fused softmax cross-entropy. The
+// Neural-network ops: one_hot, softmax, log_softmax and the fused softmax cross-entropy (with its
+// traced-only twin that also writes the softmax, softmax_cross_entropy_with_probs). The
 // softmax family is primitive (not composed) so that it subtracts the maximum in one pass and
 // stays finite for any finite logits.
 #include "flowlet/ops/nn.hpp"
@@ -14,6 +15,7 @@
 #include "flowlet/ops/shape.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "ops/attributes.hpp"
+#include "ops/cross_entropy_grad.hpp"
 #include "ops/registry.hpp"
 #include "ops/softmax_line.hpp"
 
@@ -109,16 +111,24 @@ void softmax_kernel(const OpCall& call, std::span<Tensor> out) {
   });
 }
 
+// softmax_cross_entropy, and softmax_cross_entropy_with_probs (the same loss plus the softmax the
+// traced loss gradient reuses; ops/cross_entropy_grad.hpp): one rule and one kernel, told apart by
+// their output count.
 void cross_entropy_infer(const OpCall& call, OutputSpec& spec) {
   const Tensor& logits = call.inputs[0];
   const Tensor& labels = call.inputs[1];
-  check_logits_dtype("softmax_cross_entropy", logits.dtype());
-  check_dtype("softmax_cross_entropy", labels.dtype(), bit(i32) | bit(i64));
+  const std::string_view name = call.op.name;
+  check_logits_dtype(name, logits.dtype());
+  check_dtype(name, labels.dtype(), bit(i32) | bit(i64));
   if (logits.rank() != 2 || labels.rank() != 1 || labels.shape()[0] != logits.shape()[0]) {
-    fail<ShapeError>("softmax_cross_entropy: expects logits [N, C] and labels [N]; got logits {} and labels {}",
-                     logits.shape(), labels.shape());
+    fail<ShapeError>("{}: expects logits [N, C] and labels [N]; got logits {} and labels {}", name, logits.shape(),
+                     labels.shape());
   }
   spec.outputs[0] = {Shape{logits.shape()[0]}, logits.dtype()};
+  if (&call.op == &cross_entropy_probs_op) {
+    spec.outputs[1] = {logits.shape(), logits.dtype()};
+    spec.count = 2;
+  }
 }
 
 void cross_entropy_kernel(const OpCall& call, std::span<Tensor> out) {
@@ -127,35 +137,32 @@ void cross_entropy_kernel(const OpCall& call, std::span<Tensor> out) {
   const int64_t rows = logits.shape()[0], classes = logits.shape()[1];
   for (size_t i = 0; i < label.size(); ++i) {
     if (label[i] < 0 || label[i] >= classes) {
-      fail<OutOfRange>("softmax_cross_entropy: label out of range [0, {}); got label {} at position {}", classes,
+      fail<OutOfRange>("{}: label out of range [0, {}); got label {} at position {}", call.op.name, classes,
                        label[i], i);
     }
   }
-  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(classes, 1));
+  const int64_t grain = std::max<int64_t>(1, kCrossEntropyGrainLogits / std::max<int64_t>(classes, 1));
   visit_dtype<kFloatCompute>(logits.dtype(), [&]<class T>(TypeTag<T>) {
     const T* x = static_cast<const T*>(logits.raw_data());
     T* loss = static_cast<T*>(out[0].raw_data());
+    T* probs = out.size() > 1 ? static_cast<T*>(out[1].raw_data()) : nullptr;  // with_probs only
     if constexpr (std::is_same_v<T, float>) {
       // f32: one vectorized exp per element (softmax_line.hpp states the loss's error bound); f64
       // and CPUs without the vector exp keep libm's exp in f64 below.
       if (const VectorMathF32 exp = vector_exp_f32(); exp != nullptr) {
         parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
-          cross_entropy_rows_f32(exp, x, label.data(), loss, classes, begin, end);
+          cross_entropy_rows_f32(exp, x, label.data(), loss, classes, begin, end, probs);
         });
         return;
       }
     }
-    parallel_for(rows, grain,
-                 [&](int64_t begin, int64_t end) {
-                   for (int64_t r = begin; r < end; ++r) {
-                     const T* row = x + r * classes;
-                     T top = -std::numeric_limits<T>::infinity();
-                     for (int64_t c = 0; c < classes; ++c) top = std::max(top, row[c]);
-                     double total = 0.0;
-                     for (int64_t c = 0; c < classes; ++c) total += std::exp(static_cast<double>(row[c] - top));
-                     loss[r] = static_cast<T>(std::log(total) - static_cast<double>(row[label[r]] - top));
-                   }
-                 });
+    parallel_for(rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        loss[r] = cross_entropy_line(x + r * classes, label[static_cast<size_t>(r)], classes);
+        // The softmax op's own line (what the fused gradient computes when it has no probs).
+        if (probs != nullptr) softmax_line<false>(x + r * classes, probs + r * classes, classes, 1);
+      }
+    });
   });
 }
 
@@ -186,8 +193,12 @@ Op cross_entropy_op{"softmax_cross_entropy", 2, 2, kNoFlags, &cross_entropy_infe
 
 }  // namespace
 
+// No gradient: the pass that makes it runs after gradients were recorded.
+Op cross_entropy_probs_op{"softmax_cross_entropy_with_probs", 2, 2, kNoFlags, &cross_entropy_infer,
+                          {&cross_entropy_kernel, nullptr}};
+
 void add_nn_ops(std::vector<Op*>& ops) {
-  ops.insert(ops.end(), {&one_hot_op, &softmax_op, &log_softmax_op, &cross_entropy_op});
+  ops.insert(ops.end(), {&one_hot_op, &softmax_op, &log_softmax_op, &cross_entropy_op, &cross_entropy_probs_op});
 }
 
 }  // namespace detail

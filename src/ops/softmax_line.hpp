@@ -1,7 +1,8 @@
 // The softmax arithmetic that softmax, log_softmax, softmax_cross_entropy (src/ops/nn.cpp) and the
 // fused cross-entropy gradient (src/ops/cross_entropy_grad.cpp) share, so that the fused node's
 // softmax is bit for bit the one eager's softmax op writes: one line of any stride, and f32 rows
-// (softmax and the cross-entropy loss) with the vectorized exp.
+// (softmax and the cross-entropy loss, with or without the probs the traced gradient reuses) with
+// the vectorized exp; and how finely the loss splits its rows over the pool.
 #pragma once
 
 #include <algorithm>
@@ -49,6 +50,13 @@ inline double row_sum_f64(const float* e, int64_t extent) {
   return total;
 }
 
+// A row of exps e becomes the softmax e / sum, the f64 sum rounded to f32 once (softmax_rows_f32
+// and cross_entropy_rows_f32's probabilities: the same arithmetic, so the same bits).
+inline void normalize_row_f32(float* e, int64_t extent, double total) {
+  const auto sum = static_cast<float>(total);
+  for (int64_t i = 0; i < extent; ++i) e[i] /= sum;
+}
+
 // Softmax of rows [begin, end) of a contiguous f32 [rows, extent] array, the exps from `exp` (the
 // vectorized exp, kernels/vector_math.hpp, <= 1 ulp): each row's x - max goes into y, one exp call
 // covers the whole block (rows of 10 classes give it nothing to vectorize one at a time), then
@@ -57,11 +65,7 @@ inline double row_sum_f64(const float* e, int64_t extent) {
 inline void softmax_rows_f32(VectorMathF32 exp, const float* x, float* y, int64_t extent, int64_t begin, int64_t end) {
   subtract_row_max_f32(x, y, extent, begin, end);
   exp(y + begin * extent, y + begin * extent, (end - begin) * extent);
-  for (int64_t r = begin; r < end; ++r) {
-    float* yr = y + r * extent;
-    const auto sum = static_cast<float>(row_sum_f64(yr, extent));
-    for (int64_t i = 0; i < extent; ++i) yr[i] /= sum;
-  }
+  for (int64_t r = begin; r < end; ++r) normalize_row_f32(y + r * extent, extent, row_sum_f64(y + r * extent, extent));
 }
 
 // The cross-entropy loss of rows [begin, end) of contiguous f32 logits [rows, extent] with labels
@@ -76,22 +80,44 @@ inline void softmax_rows_f32(VectorMathF32 exp, const float* x, float* y, int64_
 // (tests/test_nn.cpp checks this bound per row against an f64 reference). libm's f64 exp per
 // element (softmax_line) cost 106-132 us at 1024 x 10 (profile_step); this is one vector exp.
 // Each row's loss depends on that row only, so eager and traced (and any split) agree bit for bit.
+// With `probs` (a contiguous [rows, extent] output) the exps are taken in place there and each row
+// is then normalized as softmax_rows_f32 does it: the softmax op's bits, for the traced loss
+// gradient to reuse (softmax_cross_entropy_with_probs, src/ops/cross_entropy_grad.hpp).
 inline void cross_entropy_rows_f32(VectorMathF32 exp, const float* x, const int64_t* label, float* loss,
-                                   int64_t extent, int64_t begin, int64_t end) {
+                                   int64_t extent, int64_t begin, int64_t end, float* probs = nullptr) {
   // At most ~16 KB of shifted logits at a time (at least one row), reused for every block.
   const int64_t block_rows = std::max<int64_t>(1, 4096 / std::max<int64_t>(extent, 1));
-  std::vector<float> shifted(static_cast<size_t>(std::min(block_rows, end - begin) * extent));
+  std::vector<float> scratch(probs != nullptr ? 0 : static_cast<size_t>(std::min(block_rows, end - begin) * extent));
   for (int64_t first = begin; first < end; first += block_rows) {
     const int64_t last = std::min(end, first + block_rows);
-    subtract_row_max_f32(x + first * extent, shifted.data(), extent, 0, last - first);
+    float* shifted = probs != nullptr ? probs + first * extent : scratch.data();
+    subtract_row_max_f32(x + first * extent, shifted, extent, 0, last - first);
     // The picked d before the exp overwrites it, parked in the row's own output.
-    for (int64_t r = first; r < last; ++r) loss[r] = shifted[static_cast<size_t>((r - first) * extent + label[r])];
-    exp(shifted.data(), shifted.data(), (last - first) * extent);
+    for (int64_t r = first; r < last; ++r) loss[r] = shifted[(r - first) * extent + label[r]];
+    exp(shifted, shifted, (last - first) * extent);
     for (int64_t r = first; r < last; ++r) {
-      const double total = row_sum_f64(shifted.data() + (r - first) * extent, extent);
+      float* e = shifted + (r - first) * extent;
+      const double total = row_sum_f64(e, extent);
       loss[r] = static_cast<float>(std::log(total) - static_cast<double>(loss[r]));
+      if (probs != nullptr) normalize_row_f32(e, extent, total);
     }
   }
 }
+
+// The loss of one row of any float type with libm's exp and log in f64 (f64 logits, and f32 on a
+// CPU without the vector exp): log(sum exp(x - max)) - (x_label - max), rounded once.
+template <class T>
+T cross_entropy_line(const T* row, int64_t label, int64_t extent) {
+  T top = -std::numeric_limits<T>::infinity();
+  for (int64_t c = 0; c < extent; ++c) top = std::max(top, row[c]);
+  double total = 0.0;
+  for (int64_t c = 0; c < extent; ++c) total += std::exp(static_cast<double>(row[c] - top));
+  return static_cast<T>(std::log(total) - static_cast<double>(row[label] - top));
+}
+
+// Rows split over the pool from this many logits a piece (~15 us of the f32 loss): bench_loss_op
+// at 2 threads, load 2-3, 1024 x 10 43 -> 29-38 us and 512 x 10 22 -> 15-19 us split; 256 x 10
+// did not gain. Rows are independent, so results do not depend on the split (tests/test_nn.cpp).
+inline constexpr int64_t kCrossEntropyGrainLogits = 4096;
 
 }  // namespace flowlet::detail

@@ -21,6 +21,9 @@
 // node it replaces (all before it). The sub, and a softmax, cast or one_hot read only by the
 // replaced chain, are removed (they stay in place with `removed` set).
 //
+// Last, share_cross_entropy_softmax (cross_entropy_softmax_sharing.cpp) lets a fused gradient read
+// the softmax its forward loss node writes.
+//
 // Switched off with PassOptions::fuse_cross_entropy_grad = false or FLOWLET_DENSE_FUSION=0 (which
 // turns off the dense-layer rewrites too: with it, a traced step runs the ops eager runs).
 #include <optional>
@@ -166,6 +169,7 @@ void fuse_cross_entropy_grad(Graph& graph) {
     const auto id = static_cast<int32_t>(i);
     if (is_live_op(graph.node(id), ops.sub)) fuse_sub_at(graph, readers, ops, id);
   }
+  share_cross_entropy_softmax(graph);
 }
 
 }  // namespace flowlet::detail

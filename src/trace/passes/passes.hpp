@@ -53,8 +53,12 @@ void fuse_matmul_bias(Graph& graph);
 // outputs (see relu_bias_grad_fusion.cpp).
 void fuse_relu_bias_grad(Graph& graph);
 // g * (softmax(logits) - one_hot(labels, C)) (softmax_cross_entropy's gradient) -> one
-// softmax_cross_entropy_grad node (see cross_entropy_grad_fusion.cpp).
+// softmax_cross_entropy_grad node (see cross_entropy_grad_fusion.cpp); then, where the forward loss
+// of the same logits and labels is in the graph, share_cross_entropy_softmax.
 void fuse_cross_entropy_grad(Graph& graph);
+// The forward loss also writes its softmax and the gradient reads it (see
+// cross_entropy_softmax_sharing.cpp). Called by fuse_cross_entropy_grad.
+void share_cross_entropy_softmax(Graph& graph);
 // False when FLOWLET_DENSE_FUSION is "0": the dense-layer rewrites and the cross-entropy gradient
 // above (read at every optimize(), as for convolutions).
 bool dense_fusion_enabled_by_environment();
