@@ -116,8 +116,120 @@ Tiles choose_tiles(int64_t m, int64_t n, int threads) {
   return t;
 }
 
-thread_local PackBuffer a_buffer;  // one tile's A block, used only inside a tile (no nested calls)
-thread_local PackBuffer b_buffer;  // the calling thread's packed B, unless a call on it is running
+thread_local PackBuffer tile_buffer;    // a tile's own packing, used only inside the tile
+thread_local PackBuffer shared_buffer;  // the calling thread's shared operand, unless a call on it runs
+
+// The macro-kernel: C rows [i0, i1) x columns [j0, j1) from one k block (depth kc) of packed A
+// slivers (the first one that of row i0) and packed B slivers (the first that of column j0), B
+// slivers outside (each kept in L1 over the A slivers, which stream from L2).
+void macro_kernel(int64_t kc, const float* a_slivers, const float* b_slivers, int64_t i0, int64_t i1, int64_t j0,
+                  int64_t j1, float alpha, float beta, float* c, int64_t ldc) {
+  for (int64_t j = j0; j < j1; j += kMicroColumns, b_slivers += kc * kMicroColumns) {
+    const int cols = static_cast<int>(std::min<int64_t>(kMicroColumns, j1 - j));
+    const float* a_sliver = a_slivers;
+    for (int64_t i = i0; i < i1; i += kMicroRows, a_sliver += kc * kMicroRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kMicroRows, i1 - i));
+      sgemm_microkernel_6x16(kc, a_sliver, b_slivers, alpha, beta, c + i * ldc + j, ldc, rows, cols);
+    }
+  }
+}
+
+// The calling thread's buffer for the operand the tiles share (or a fresh one when a call on this
+// thread is already using it: a waiting caller may run another product's task).
+class SharedPack {
+ public:
+  explicit SharedPack(int64_t floats) : buffer_(shared_buffer.in_use ? own_ : shared_buffer) {
+    buffer_.in_use = true;
+    data_ = buffer_.reserve(floats);
+  }
+  ~SharedPack() { buffer_.in_use = false; }
+  SharedPack(const SharedPack&) = delete;
+  SharedPack& operator=(const SharedPack&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  PackBuffer own_;
+  PackBuffer& buffer_;
+  float* data_ = nullptr;
+};
+
+// Runs body(0 .. chunks - 1): over the pool when pooled, else in order on this thread.
+template <class Body>
+void for_chunks(bool pooled, int64_t chunks, Body& body) {
+  if (pooled && chunks > 1) run_chunks(chunks, FunctionRef<void(int64_t)>(body));
+  else for (int64_t t = 0; t < chunks; ++t) body(t);
+}
+
+// Few rows (m <= kPackedMcMax): A is the small operand every column block shares, so A is packed
+// once (split over the pool) and the tiles are column blocks over all rows, each packing its own
+// B columns, which no other tile needs: nothing is packed twice.
+void packed_sgemm_by_columns(bool transpose_a, bool transpose_b, int64_t m, int64_t n, const DepthBlocks& depth,
+                             float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                             float* c, int64_t ldc, int threads) {
+  const int64_t row_slivers = ceil_div(m, kMicroRows), m_padded = row_slivers * kMicroRows;
+  // Packed A: k block d starts at begin(d) * m_padded, its 6-row slivers one after another.
+  const SharedPack packed_a(depth.k * m_padded);
+  const bool pooled = threads > 1;
+  const int64_t pack_chunks = pooled ? std::min<int64_t>(row_slivers, 2 * static_cast<int64_t>(threads)) : 1;
+  auto pack_a = [&](int64_t chunk) {
+    const int64_t r0 = row_slivers * chunk / pack_chunks, r1 = row_slivers * (chunk + 1) / pack_chunks;
+    for (int64_t d = 0; d < depth.count; ++d) {
+      const int64_t p0 = depth.begin(d), p1 = depth.begin(d + 1);
+      pack_a_block(transpose_a, a, lda, r0 * kMicroRows, std::min(m, r1 * kMicroRows), p0, p1,
+                   packed_a.data() + p0 * m_padded + r0 * kMicroRows * (p1 - p0));
+    }
+  };
+  for_chunks(pooled, pack_chunks, pack_a);
+  const int64_t wanted = pooled ? kTilesPerThread * static_cast<int64_t>(threads) : 1;
+  const int64_t nc = std::min(kPackedNcMax, round_up(ceil_div(n, wanted), kMicroColumns));
+  auto tile = [&](int64_t t) {
+    const int64_t j0 = t * nc, j1 = std::min(n, j0 + nc);
+    float* packed_b = tile_buffer.reserve(nc * kPackedKc);
+    for (int64_t d = 0; d < depth.count; ++d) {
+      const int64_t p0 = depth.begin(d), p1 = depth.begin(d + 1), kc = p1 - p0;
+      for (int64_t s = j0 / kMicroColumns; s * kMicroColumns < j1; ++s) {
+        pack_b_sliver(transpose_b, b, ldb, n, s, p0, p1, packed_b + (s - j0 / kMicroColumns) * kc * kMicroColumns);
+      }
+      macro_kernel(kc, packed_a.data() + p0 * m_padded, packed_b, 0, m, j0, j1, alpha, d == 0 ? beta : 1.0f, c, ldc);
+    }
+  };
+  for_chunks(pooled, ceil_div(n, nc), tile);
+}
+
+// Many rows: B is packed once (split over the pool), then the tiles (row blocks x column blocks,
+// choose_tiles) each pack their own A block and run over the shared B.
+void packed_sgemm_by_tiles(bool transpose_a, bool transpose_b, int64_t m, int64_t n, const DepthBlocks& depth,
+                           float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                           float* c, int64_t ldc, int threads) {
+  const int64_t slivers = ceil_div(n, kMicroColumns), n_padded = slivers * kMicroColumns;
+  // Packed B: k block d starts at begin(d) * n_padded; its sliver s at s * depth_d * 16 after that.
+  const SharedPack packed_b(depth.k * n_padded);
+  const bool pooled = threads > 1;
+  const int64_t pack_chunks = pooled ? std::min<int64_t>(slivers, 2 * static_cast<int64_t>(threads)) : 1;
+  auto pack_b = [&](int64_t chunk) {
+    const int64_t s0 = slivers * chunk / pack_chunks, s1 = slivers * (chunk + 1) / pack_chunks;
+    for (int64_t d = 0; d < depth.count; ++d) {
+      const int64_t p0 = depth.begin(d), p1 = depth.begin(d + 1);
+      for (int64_t s = s0; s < s1; ++s) {
+        pack_b_sliver(transpose_b, b, ldb, n, s, p0, p1, packed_b.data() + p0 * n_padded + s * (p1 - p0) * kMicroColumns);
+      }
+    }
+  };
+  for_chunks(pooled, pack_chunks, pack_b);
+  const Tiles tiles = choose_tiles(m, n, pooled ? threads : 1);
+  auto tile = [&](int64_t t) {
+    const int64_t i0 = t / tiles.column_blocks * tiles.mc, i1 = std::min(m, i0 + tiles.mc);
+    const int64_t j0 = t % tiles.column_blocks * tiles.nc, j1 = std::min(n, j0 + tiles.nc);
+    float* packed_a = tile_buffer.reserve(tiles.mc * kPackedKc);
+    for (int64_t d = 0; d < depth.count; ++d) {
+      const int64_t p0 = depth.begin(d), p1 = depth.begin(d + 1), kc = p1 - p0;
+      pack_a_block(transpose_a, a, lda, i0, i1, p0, p1, packed_a);
+      macro_kernel(kc, packed_a, packed_b.data() + p0 * n_padded + (j0 / kMicroColumns) * kc * kMicroColumns, i0, i1,
+                   j0, j1, alpha, d == 0 ? beta : 1.0f, c, ldc);
+    }
+  };
+  for_chunks(pooled, tiles.count(), tile);
+}
 
 }  // namespace
 
@@ -129,57 +241,13 @@ bool packed_sgemm_pays(int64_t m, int64_t n, int64_t k, bool /*transpose_a*/, bo
 
 void packed_sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads) {
+  // Each tile sums k block by block, in order, into its own C: the bits depend on k alone.
   const DepthBlocks depth{ceil_div(k, kPackedKc), k};
-  const int64_t slivers = ceil_div(n, kMicroColumns), n_padded = slivers * kMicroColumns;
-  // Packed B: k block d starts at begin(d) * n_padded; its sliver s at s * depth_d * 16 after that.
-  PackBuffer own;
-  PackBuffer& buffer = b_buffer.in_use ? own : b_buffer;
-  buffer.in_use = true;
-  struct Release {
-    PackBuffer& b;
-    ~Release() { b.in_use = false; }
-  } release{buffer};
-  float* packed_b = buffer.reserve(k * n_padded);
-
-  const bool pooled = threads > 1;
-  // Phase 1: every sliver of B, for all k, split over the pool (run_chunks returns when all are done).
-  const int64_t pack_chunks = pooled ? std::min<int64_t>(slivers, 2 * static_cast<int64_t>(threads)) : 1;
-  auto pack_b = [&](int64_t chunk) {
-    const int64_t s0 = slivers * chunk / pack_chunks, s1 = slivers * (chunk + 1) / pack_chunks;
-    for (int64_t d = 0; d < depth.count; ++d) {
-      const int64_t p0 = depth.begin(d), p1 = depth.begin(d + 1);
-      for (int64_t s = s0; s < s1; ++s) {
-        pack_b_sliver(transpose_b, b, ldb, n, s, p0, p1, packed_b + p0 * n_padded + s * (p1 - p0) * kMicroColumns);
-      }
-    }
-  };
-  if (pack_chunks > 1) run_chunks(pack_chunks, FunctionRef<void(int64_t)>(pack_b));
-  else pack_b(0);
-
-  // Phase 2: the tiles, claimed in order; each sums k block by block, in order, into its own C.
-  const Tiles tiles = choose_tiles(m, n, pooled ? threads : 1);
-  auto tile = [&](int64_t t) {
-    const int64_t i0 = t / tiles.column_blocks * tiles.mc, i1 = std::min(m, i0 + tiles.mc);
-    const int64_t j0 = t % tiles.column_blocks * tiles.nc, j1 = std::min(n, j0 + tiles.nc);
-    float* packed_a = a_buffer.reserve(tiles.mc * std::min(k, kPackedKc + 1));
-    for (int64_t d = 0; d < depth.count; ++d) {
-      const int64_t p0 = depth.begin(d), p1 = depth.begin(d + 1), kc = p1 - p0;
-      pack_a_block(transpose_a, a, lda, i0, i1, p0, p1, packed_a);
-      const float block_beta = d == 0 ? beta : 1.0f;
-      const float* panel = packed_b + p0 * n_padded;
-      for (int64_t j = j0; j < j1; j += kMicroColumns) {
-        const float* sliver = panel + (j / kMicroColumns) * kc * kMicroColumns;
-        const int cols = static_cast<int>(std::min<int64_t>(kMicroColumns, j1 - j));
-        const float* a_sliver = packed_a;
-        for (int64_t i = i0; i < i1; i += kMicroRows, a_sliver += kc * kMicroRows) {
-          const int rows = static_cast<int>(std::min<int64_t>(kMicroRows, i1 - i));
-          sgemm_microkernel_6x16(kc, a_sliver, sliver, alpha, block_beta, c + i * ldc + j, ldc, rows, cols);
-        }
-      }
-    }
-  };
-  if (pooled && tiles.count() > 1) run_chunks(tiles.count(), FunctionRef<void(int64_t)>(tile));
-  else for (int64_t t = 0; t < tiles.count(); ++t) tile(t);
+  if (m <= kPackedMcMax) {
+    packed_sgemm_by_columns(transpose_a, transpose_b, m, n, depth, alpha, a, lda, b, ldb, beta, c, ldc, threads);
+  } else {
+    packed_sgemm_by_tiles(transpose_a, transpose_b, m, n, depth, alpha, a, lda, b, ldb, beta, c, ldc, threads);
+  }
 }
 
 }  // namespace flowlet::detail
