@@ -13,29 +13,24 @@
 namespace flowlet::detail {
 namespace {
 
-// One k step: two B vectors, six broadcasts of A, twelve FMAs into the accumulators.
-#define FLOWLET_MICRO_STEP(P)                                   \
-  {                                                             \
-    const __m256 b0 = _mm256_load_ps(b + (P) * 16);             \
-    const __m256 b1 = _mm256_load_ps(b + (P) * 16 + 8);         \
-    __m256 x = _mm256_broadcast_ss(a + (P) * 6 + 0);            \
-    c00 = _mm256_fmadd_ps(x, b0, c00);                          \
-    c01 = _mm256_fmadd_ps(x, b1, c01);                          \
-    x = _mm256_broadcast_ss(a + (P) * 6 + 1);                   \
-    c10 = _mm256_fmadd_ps(x, b0, c10);                          \
-    c11 = _mm256_fmadd_ps(x, b1, c11);                          \
-    x = _mm256_broadcast_ss(a + (P) * 6 + 2);                   \
-    c20 = _mm256_fmadd_ps(x, b0, c20);                          \
-    c21 = _mm256_fmadd_ps(x, b1, c21);                          \
-    x = _mm256_broadcast_ss(a + (P) * 6 + 3);                   \
-    c30 = _mm256_fmadd_ps(x, b0, c30);                          \
-    c31 = _mm256_fmadd_ps(x, b1, c31);                          \
-    x = _mm256_broadcast_ss(a + (P) * 6 + 4);                   \
-    c40 = _mm256_fmadd_ps(x, b0, c40);                          \
-    c41 = _mm256_fmadd_ps(x, b1, c41);                          \
-    x = _mm256_broadcast_ss(a + (P) * 6 + 5);                   \
-    c50 = _mm256_fmadd_ps(x, b0, c50);                          \
-    c51 = _mm256_fmadd_ps(x, b1, c51);                          \
+// One k step: two B vectors, six broadcasts of A, twelve FMAs into the accumulators (named
+// registers: an accumulator array was kept on the stack by GCC 12).
+#define FLOWLET_MICRO_ROW(P, I, LO, HI)                      \
+  {                                                          \
+    const __m256 x = _mm256_broadcast_ss(a + (P) * 6 + (I)); \
+    LO = _mm256_fmadd_ps(x, b0, LO);                         \
+    HI = _mm256_fmadd_ps(x, b1, HI);                         \
+  }
+#define FLOWLET_MICRO_STEP(P)                               \
+  {                                                         \
+    const __m256 b0 = _mm256_load_ps(b + (P) * 16);         \
+    const __m256 b1 = _mm256_load_ps(b + (P) * 16 + 8);     \
+    FLOWLET_MICRO_ROW(P, 0, c00, c01)                       \
+    FLOWLET_MICRO_ROW(P, 1, c10, c11)                       \
+    FLOWLET_MICRO_ROW(P, 2, c20, c21)                       \
+    FLOWLET_MICRO_ROW(P, 3, c30, c31)                       \
+    FLOWLET_MICRO_ROW(P, 4, c40, c41)                       \
+    FLOWLET_MICRO_ROW(P, 5, c50, c51)                       \
   }
 
 // One row of the tile to C: alpha * sum (+ beta * C when beta != 0).
@@ -108,6 +103,7 @@ void sgemm_microkernel_6x16(int64_t k, const float* a, const float* b, float alp
 }
 
 #undef FLOWLET_MICRO_STEP
+#undef FLOWLET_MICRO_ROW
 
 bool sgemm_microkernel_supported() {
   static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");

@@ -160,26 +160,55 @@ void for_chunks(bool pooled, int64_t chunks, Body& body) {
   else for (int64_t t = 0; t < chunks; ++t) body(t);
 }
 
+// Packs the shared operand, slivers [0, slivers), split over the pool (run_chunks returns when all
+// chunks are done: the barrier before the tiles): pack(s0, s1, p0, p1) packs slivers [s0, s1) of
+// the k block [p0, p1).
+template <class Pack>
+void pack_shared(bool pooled, int threads, const DepthBlocks& depth, int64_t slivers, Pack pack) {
+  const int64_t chunks = pooled ? std::min<int64_t>(slivers, 2 * static_cast<int64_t>(threads)) : 1;
+  auto chunk = [&](int64_t q) {
+    const int64_t s0 = slivers * q / chunks, s1 = slivers * (q + 1) / chunks;
+    for (int64_t d = 0; d < depth.count; ++d) pack(s0, s1, depth.begin(d), depth.begin(d + 1));
+  };
+  for_chunks(pooled, chunks, chunk);
+}
+
+// One call's arguments, as packed_sgemm takes them, and its k blocks.
+struct Product {
+  bool transpose_a, transpose_b;
+  int64_t m, n;
+  DepthBlocks depth;
+  float alpha;
+  const float* a;
+  int64_t lda;
+  const float* b;
+  int64_t ldb;
+  float beta;
+  float* c;
+  int64_t ldc;
+  int threads;
+};
+
+// Packs op(B)'s slivers [s0, s1) of the k block [p0, p1) one after another from dst.
+void pack_b_slivers(const Product& p, int64_t s0, int64_t s1, int64_t p0, int64_t p1, float* dst) {
+  for (int64_t s = s0; s < s1; ++s, dst += (p1 - p0) * kMicroColumns) {
+    pack_b_sliver(p.transpose_b, p.b, p.ldb, p.n, s, p0, p1, dst);
+  }
+}
+
 // Few rows (m <= kPackedMcMax): A is the small operand every column block shares, so A is packed
 // once (split over the pool) and the tiles are column blocks over all rows, each packing its own
 // B columns, which no other tile needs: nothing is packed twice.
-void packed_sgemm_by_columns(bool transpose_a, bool transpose_b, int64_t m, int64_t n, const DepthBlocks& depth,
-                             float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                             float* c, int64_t ldc, int threads) {
+void packed_sgemm_by_columns(const Product& p) {
+  const auto& [transpose_a, transpose_b, m, n, depth, alpha, a, lda, b, ldb, beta, c, ldc, threads] = p;
   const int64_t row_slivers = ceil_div(m, kMicroRows), m_padded = row_slivers * kMicroRows;
   // Packed A: k block d starts at begin(d) * m_padded, its 6-row slivers one after another.
   const SharedPack packed_a(depth.k * m_padded);
   const bool pooled = threads > 1;
-  const int64_t pack_chunks = pooled ? std::min<int64_t>(row_slivers, 2 * static_cast<int64_t>(threads)) : 1;
-  auto pack_a = [&](int64_t chunk) {
-    const int64_t r0 = row_slivers * chunk / pack_chunks, r1 = row_slivers * (chunk + 1) / pack_chunks;
-    for (int64_t d = 0; d < depth.count; ++d) {
-      const int64_t p0 = depth.begin(d), p1 = depth.begin(d + 1);
-      pack_a_block(transpose_a, a, lda, r0 * kMicroRows, std::min(m, r1 * kMicroRows), p0, p1,
-                   packed_a.data() + p0 * m_padded + r0 * kMicroRows * (p1 - p0));
-    }
-  };
-  for_chunks(pooled, pack_chunks, pack_a);
+  pack_shared(pooled, threads, depth, row_slivers, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    pack_a_block(transpose_a, a, lda, r0 * kMicroRows, std::min(m, r1 * kMicroRows), p0, p1,
+                 packed_a.data() + p0 * m_padded + r0 * kMicroRows * (p1 - p0));
+  });
   const int64_t wanted = pooled ? kTilesPerThread * static_cast<int64_t>(threads) : 1;
   const int64_t nc = std::min(kPackedNcMax, round_up(ceil_div(n, wanted), kMicroColumns));
   auto tile = [&](int64_t t) {
@@ -187,9 +216,7 @@ void packed_sgemm_by_columns(bool transpose_a, bool transpose_b, int64_t m, int6
     float* packed_b = tile_buffer.reserve(nc * kPackedKc);
     for (int64_t d = 0; d < depth.count; ++d) {
       const int64_t p0 = depth.begin(d), p1 = depth.begin(d + 1), kc = p1 - p0;
-      for (int64_t s = j0 / kMicroColumns; s * kMicroColumns < j1; ++s) {
-        pack_b_sliver(transpose_b, b, ldb, n, s, p0, p1, packed_b + (s - j0 / kMicroColumns) * kc * kMicroColumns);
-      }
+      pack_b_slivers(p, j0 / kMicroColumns, ceil_div(j1, kMicroColumns), p0, p1, packed_b);
       macro_kernel(kc, packed_a.data() + p0 * m_padded, packed_b, 0, m, j0, j1, alpha, d == 0 ? beta : 1.0f, c, ldc);
     }
   };
@@ -198,24 +225,15 @@ void packed_sgemm_by_columns(bool transpose_a, bool transpose_b, int64_t m, int6
 
 // Many rows: B is packed once (split over the pool), then the tiles (row blocks x column blocks,
 // choose_tiles) each pack their own A block and run over the shared B.
-void packed_sgemm_by_tiles(bool transpose_a, bool transpose_b, int64_t m, int64_t n, const DepthBlocks& depth,
-                           float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                           float* c, int64_t ldc, int threads) {
+void packed_sgemm_by_tiles(const Product& p) {
+  const auto& [transpose_a, transpose_b, m, n, depth, alpha, a, lda, b, ldb, beta, c, ldc, threads] = p;
   const int64_t slivers = ceil_div(n, kMicroColumns), n_padded = slivers * kMicroColumns;
   // Packed B: k block d starts at begin(d) * n_padded; its sliver s at s * depth_d * 16 after that.
   const SharedPack packed_b(depth.k * n_padded);
   const bool pooled = threads > 1;
-  const int64_t pack_chunks = pooled ? std::min<int64_t>(slivers, 2 * static_cast<int64_t>(threads)) : 1;
-  auto pack_b = [&](int64_t chunk) {
-    const int64_t s0 = slivers * chunk / pack_chunks, s1 = slivers * (chunk + 1) / pack_chunks;
-    for (int64_t d = 0; d < depth.count; ++d) {
-      const int64_t p0 = depth.begin(d), p1 = depth.begin(d + 1);
-      for (int64_t s = s0; s < s1; ++s) {
-        pack_b_sliver(transpose_b, b, ldb, n, s, p0, p1, packed_b.data() + p0 * n_padded + s * (p1 - p0) * kMicroColumns);
-      }
-    }
-  };
-  for_chunks(pooled, pack_chunks, pack_b);
+  pack_shared(pooled, threads, depth, slivers, [&](int64_t s0, int64_t s1, int64_t p0, int64_t p1) {
+    pack_b_slivers(p, s0, s1, p0, p1, packed_b.data() + p0 * n_padded + s0 * (p1 - p0) * kMicroColumns);
+  });
   const Tiles tiles = choose_tiles(m, n, pooled ? threads : 1);
   auto tile = [&](int64_t t) {
     const int64_t i0 = t / tiles.column_blocks * tiles.mc, i1 = std::min(m, i0 + tiles.mc);
@@ -242,12 +260,10 @@ bool packed_sgemm_pays(int64_t m, int64_t n, int64_t k, bool /*transpose_a*/, bo
 void packed_sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads) {
   // Each tile sums k block by block, in order, into its own C: the bits depend on k alone.
-  const DepthBlocks depth{ceil_div(k, kPackedKc), k};
-  if (m <= kPackedMcMax) {
-    packed_sgemm_by_columns(transpose_a, transpose_b, m, n, depth, alpha, a, lda, b, ldb, beta, c, ldc, threads);
-  } else {
-    packed_sgemm_by_tiles(transpose_a, transpose_b, m, n, depth, alpha, a, lda, b, ldb, beta, c, ldc, threads);
-  }
+  const Product product{transpose_a, transpose_b, m, n, DepthBlocks{ceil_div(k, kPackedKc), k}, alpha, a, lda, b,
+                        ldb, beta, c, ldc, threads};
+  if (m <= kPackedMcMax) packed_sgemm_by_columns(product);
+  else packed_sgemm_by_tiles(product);
 }
 
 }  // namespace flowlet::detail
