@@ -2,10 +2,11 @@
 // the pool. B (the operand every row block shares) is packed ONCE per call into 16-column slivers,
 // the packing split between the pool's threads; then the threads claim tiles of C (a block of rows
 // x a block of columns) from the pool's chunk counter, pack their tile's A block (6-row slivers,
-// kept in L2) and run the 6 x 16 AVX2/FMA micro-kernel (gemm_microkernel_avx2.hpp) over it. A late
-// worker costs one small tile, and no piece packs the shared operand again (the split of
-// single-threaded BLAS calls in linalg.cpp packs it once per piece). Transposes are the packing's
-// business, so A^T and B^T cost nothing extra.
+// kept in L2) and run the 6 x 16 AVX2/FMA micro-kernel (gemm_microkernel_avx2.hpp) over it. With
+// few rows (m <= kPackedMcMax) it is the other way round: A is packed once and shared, and the
+// tiles are column blocks that pack their own B. A late worker costs one small tile, and no piece
+// packs the shared operand again (the split of single-threaded BLAS calls in linalg.cpp packs it
+// once per piece). Transposes are the packing's business, so A^T and B^T cost nothing extra.
 #pragma once
 
 #include <cstdint>
