@@ -789,8 +789,9 @@ TEST_CASE("packed_sgemm writes exactly its block of C around every block edge, o
   CHECK(cases == 4 * 2 * (4 * 14 + 1));
 }
 
-// Random operands at the training shapes and off-grid ones: within f32 rounding of the double
-// reference, the same bits at 1, 2 and 3 threads and on a repeated call, C read through ldc > n.
+// Random operands at the training shapes and off-grid ones (and one whose shared packing is not kept
+// between calls): within f32 rounding of the double reference, the same bits at 1, 2 and 3 threads
+// and on a repeated call, C read through ldc > n.
 TEST_CASE("packed_sgemm matches the double reference and repeats bit for bit at 1, 2 and 3 threads") {
   if (!fl::detail::packed_sgemm_supported()) return;
   struct Case {
@@ -798,7 +799,9 @@ TEST_CASE("packed_sgemm matches the double reference and repeats bit for bit at 
     bool transpose_a, transpose_b;
   };
   const Case cases[] = {{128, 784, 256, false, false}, {784, 128, 256, true, false}, {301, 257, 530, false, true},
-                        {97, 515, 1001, true, true},   {1000, 33, 70, false, false}};
+                        {97, 515, 1001, true, true},   {1000, 33, 70, false, false},
+                        // A packed is 29200 x 144 floats, past what a thread keeps (kKeptSharedFloats).
+                        {144, 29200, 5, false, false}};
   uint64_t seed = 900;
   for (const Case& s : cases) {
     CAPTURE(s.m);

@@ -134,11 +134,14 @@ void macro_kernel(int64_t kc, const float* a_slivers, const float* b_slivers, in
   }
 }
 
-// The calling thread's buffer for the operand the tiles share (or a fresh one when a call on this
-// thread is already using it: a waiting caller may run another product's task).
+// The calling thread's buffer for the operand the tiles share (or a fresh one, freed after the call,
+// when a call on this thread is already using it, since a waiting caller may run another product's
+// task, or when the operand is larger than a thread should keep: 4M floats, 16 MiB).
+inline constexpr int64_t kKeptSharedFloats = int64_t{1} << 22;
 class SharedPack {
  public:
-  explicit SharedPack(int64_t floats) : buffer_(shared_buffer.in_use ? own_ : shared_buffer) {
+  explicit SharedPack(int64_t floats)
+      : buffer_(shared_buffer.in_use || floats > kKeptSharedFloats ? own_ : shared_buffer) {
     buffer_.in_use = true;
     data_ = buffer_.reserve(floats);
   }
