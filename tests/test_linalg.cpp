@@ -8,11 +8,13 @@
 #include <vector>
 
 #include "kernels/gemm_outer.hpp"
+#include "kernels/gemm_packed.hpp"
 #include "kernels/gemm_small.hpp"
 #include "kernels/gemm_small_bt.hpp"
 #include "kernels/gemm_split.hpp"
 #include "kernels/gemm_thin.hpp"
 #include "ops/gemm.hpp"
+#include "runtime/thread_pool.hpp"
 #include "support/reference.hpp"
 
 using test::check_op_throws;
@@ -740,4 +742,142 @@ TEST_CASE("small_sgemm_bt writes exactly its block of C, overwriting or accumula
   CHECK_FALSE(fl::detail::small_sgemm_bt_pays(8, 256, 13, true));
   CHECK_FALSE(fl::detail::small_sgemm_bt_pays(8, 256, 10, false));
   CHECK_FALSE(fl::detail::small_sgemm_bt_pays(8, 15, 10, true));
+}
+
+namespace {
+
+// packed_sgemm (kernels/gemm_packed.hpp) in small_gemm's signature at a given thread count.
+auto packed_at(int threads) {
+  return [threads](bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                   int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+    fl::detail::packed_sgemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc,
+                             threads);
+  };
+}
+
+}  // namespace
+
+// The packed driver through block_errors (exact sums: any wrong packing, edge or k block shows):
+// every extent around the micro-tile (6 x 16), the tile (kPackedMcMax rows) and the k block
+// (kPackedKc) edges, all four transposes, at 1 and 3 threads.
+TEST_CASE("packed_sgemm writes exactly its block of C around every block edge, overwriting or accumulating") {
+  if (!fl::detail::packed_sgemm_supported()) return;
+  const int64_t kc = fl::detail::kPackedKc, mc = fl::detail::kPackedMcMax;
+  const std::vector<int64_t> edges = {1, 5, 6, 7, 15, 16, 17, mc - 1, mc, mc + 1, kc - 1, kc, kc + 1, 2 * kc + 1};
+  int cases = 0;
+  for (bool transpose_a : {false, true}) {
+    for (bool transpose_b : {false, true}) {
+      CAPTURE(transpose_a);
+      CAPTURE(transpose_b);
+      for (int threads : {1, 3}) {
+        CAPTURE(threads);
+        const auto kernel = packed_at(threads);
+        for (int64_t x : edges) {
+          CAPTURE(x);
+          CHECK(block_errors<float>(kernel, transpose_a, transpose_b, x, 17, 19) == 0);   // m
+          CHECK(block_errors<float>(kernel, transpose_a, transpose_b, 7, x, 19) == 0);    // n
+          CHECK(block_errors<float>(kernel, transpose_a, transpose_b, 13, 21, x) == 0);   // k
+          CHECK(block_errors<float>(kernel, transpose_a, transpose_b, x, x, 5) == 0);     // m and n
+          cases += 4;
+        }
+        // Several tiles in both directions and three k blocks, every edge partial.
+        CHECK(block_errors<float>(kernel, transpose_a, transpose_b, mc + 7, fl::detail::kPackedNcMax + 5, 2 * kc + 3) == 0);
+        ++cases;
+      }
+    }
+  }
+  CHECK(cases == 4 * 2 * (4 * 14 + 1));
+}
+
+// Random operands at the training shapes and off-grid ones (and one whose shared packing is not kept
+// between calls): within f32 rounding of the double reference, the same bits at 1, 2 and 3 threads
+// and on a repeated call, C read through ldc > n.
+TEST_CASE("packed_sgemm matches the double reference and repeats bit for bit at 1, 2 and 3 threads") {
+  if (!fl::detail::packed_sgemm_supported()) return;
+  struct Case {
+    int64_t m, k, n;
+    bool transpose_a, transpose_b;
+  };
+  const Case cases[] = {{128, 784, 256, false, false}, {784, 128, 256, true, false}, {301, 257, 530, false, true},
+                        {97, 515, 1001, true, true},   {1000, 33, 70, false, false},
+                        // A packed is 29200 x 144 floats, past what a thread keeps (kKeptSharedFloats).
+                        {144, 29200, 5, false, false}};
+  uint64_t seed = 900;
+  for (const Case& s : cases) {
+    CAPTURE(s.m);
+    CAPTURE(s.k);
+    CAPTURE(s.n);
+    const int64_t lda = (s.transpose_a ? s.m : s.k) + 1, ldb = (s.transpose_b ? s.k : s.n) + 3, ldc = s.n + 2;
+    const std::vector<double> av = test::values(fl::randn(fl::Shape{(s.transpose_a ? s.k : s.m) * lda}, seed++, fl::f32));
+    const std::vector<double> bv = test::values(fl::randn(fl::Shape{(s.transpose_b ? s.n : s.k) * ldb}, seed++, fl::f32));
+    const std::vector<float> a(av.begin(), av.end()), b(bv.begin(), bv.end());
+    auto at = [&](int64_t i, int64_t p) { return static_cast<double>(s.transpose_a ? a[p * lda + i] : a[i * lda + p]); };
+    auto bt = [&](int64_t p, int64_t j) { return static_cast<double>(s.transpose_b ? b[j * ldb + p] : b[p * ldb + j]); };
+    std::vector<float> first;
+    for (int threads : {1, 2, 3, 2}) {
+      CAPTURE(threads);
+      std::vector<float> c(static_cast<size_t>(s.m * ldc), std::numeric_limits<float>::quiet_NaN());
+      fl::detail::packed_sgemm(s.transpose_a, s.transpose_b, s.m, s.n, s.k, 1.5f, a.data(), lda, b.data(), ldb, 0.0f,
+                               c.data(), ldc, threads);
+      if (first.empty()) {
+        int bad = 0;
+        for (int64_t i = 0; i < s.m; ++i) {
+          for (int64_t j = 0; j < s.n; ++j) {
+            double want = 0, magnitude = 0;
+            for (int64_t p = 0; p < s.k; ++p) {
+              want += at(i, p) * bt(p, j);
+              magnitude += std::abs(at(i, p) * bt(p, j));
+            }
+            bad += !(std::abs(c[i * ldc + j] - 1.5 * want) <= 4e-6 * 1.5 * (magnitude + 1.0));
+          }
+        }
+        CHECK(bad == 0);
+        first = c;
+      } else {
+        int differing = 0;
+        for (int64_t i = 0; i < s.m; ++i) {
+          for (int64_t j = 0; j < s.n; ++j) differing += c[i * ldc + j] != first[i * ldc + j];
+        }
+        CHECK(differing == 0);
+      }
+    }
+  }
+}
+
+// Which split products take the packed driver (the rule in gemm_packed.hpp), and that matmul and
+// gemm_into there give exactly one direct packed_sgemm call's bits (the driver's bits do not depend
+// on the thread count), within f32 rounding of the double reference through every view.
+TEST_CASE("f32 products the packed driver pays for go to it and equal one direct call bit for bit") {
+  using fl::detail::packed_sgemm_pays;
+  const bool supported = fl::detail::packed_sgemm_supported();
+  CHECK(packed_sgemm_pays(784, 256, 128, true, false, 2) == supported);   // x^T @ dh, batch 128
+  CHECK(packed_sgemm_pays(512, 512, 512, false, false, 2) == supported);  // square 512
+  CHECK_FALSE(packed_sgemm_pays(784, 256, 128, true, false, 1));          // one thread: BLAS
+  CHECK_FALSE(packed_sgemm_pays(1024, 256, 784, false, false, 2));        // x @ W1
+  CHECK_FALSE(packed_sgemm_pays(784, 256, 1024, true, false, 2));         // x^T @ dh, batch 1024
+  CHECK_FALSE(packed_sgemm_pays(128, 256, 256, false, false, 2));         // few rows
+  CHECK_FALSE(packed_sgemm_pays(1024, 10, 256, false, false, 2));         // narrow
+  uint64_t seed = 950;
+  for (const ProductDims d : {ProductDims{784, 128, 256}, ProductDims{600, 97, 150}, ProductDims{515, 512, 70}}) {
+    CAPTURE(d.m);
+    CAPTURE(d.k);
+    CAPTURE(d.n);
+    auto [a, b] = random_operands(d, seed, fl::f32);
+    CHECK(check_product_views(a, b) == 5);
+    if (!supported || fl::detail::intra_op_threads() < 2) continue;
+    // A transposed (stored [k, m]) as x^T @ dh is; matmul, then gemm_into accumulating onto 0.5.
+    const fl::Tensor a_stored = fl::transpose(a).contiguous();
+    const fl::Tensor a_t = fl::transpose(a_stored);
+    std::vector<float> want(static_cast<size_t>(d.m * d.n));
+    fl::detail::packed_sgemm(true, false, d.m, d.n, d.k, 1.0f, a_stored.data<float>(), d.m, b.data<float>(), d.n, 0.0f,
+                             want.data(), d.n, 1);
+    const fl::Tensor got = fl::matmul(a_t, b);
+    CHECK(test::values(got) == std::vector<double>(want.begin(), want.end()));
+    fl::Tensor c = fl::full(fl::Shape{d.m, d.n}, 0.5, fl::f32);
+    fl::detail::gemm_into(a_t, b, c, 1.0, 1.0);
+    std::vector<float> accumulated(static_cast<size_t>(d.m * d.n), 0.5f);
+    fl::detail::packed_sgemm(true, false, d.m, d.n, d.k, 1.0f, a_stored.data<float>(), d.m, b.data<float>(), d.n, 1.0f,
+                             accumulated.data(), d.n, 1);
+    CHECK(test::values(c) == std::vector<double>(accumulated.begin(), accumulated.end()));
+  }
 }

@@ -4,7 +4,8 @@
 // flowlet's driver makes (two single-threaded OpenBLAS pieces of rows or of columns, starting at
 // multiples of 16, through the pool's parallel_for) with each piece's start and duration, a split
 // of k into two partial products summed afterwards, threaded OpenBLAS, flowlet's matmul, flowlet's
-// gemm_into into a kept C (matmul without dispatch and output allocation) and oneDNN's sgemm.
+// gemm_into into a kept C (matmul without dispatch and output allocation), oneDNN's sgemm and our
+// packed-panel driver (kernels/gemm_packed.hpp) on one thread and on the budget's.
 // A piece that takes longer than half the one-thread call shows repacking or a shared core; a late
 // start shows wake-up; unequal pieces show the split's balance.
 //   FLOWLET_NUM_THREADS=2 bench_gemm_pieces [--rounds 7] [--calls 20] [--shape M K N nn|tn|nt|tt]...
@@ -20,6 +21,7 @@
 #include <flowlet/flowlet.hpp>
 
 #include "gemm_contenders.hpp"
+#include "kernels/gemm_packed.hpp"
 #include "ops/gemm.hpp"
 #include "runtime/thread_pool.hpp"
 
@@ -46,6 +48,7 @@ struct Record {
   std::function<void()> call;
   bool split = false;  // split_call records its own times
   std::vector<double> total_us, start_us[2], piece_us[2];
+  std::vector<double> round_us;  // per round, the median of its calls
   int by_worker[2] = {0, 0};
 };
 
@@ -123,6 +126,16 @@ void run(const Spec& s, int rounds, int calls, int budget) {
 #ifdef FLOWLET_HAVE_DNNL
   all.emplace_back("oneDNN 1t", [&] { p.onednn(); });
 #endif
+  // Our packed-panel driver (kernels/gemm_packed.hpp) bare, on one thread and on the budget's.
+  if (fl::detail::packed_sgemm_supported()) {
+    for (int threads : {1, budget}) {
+      if (threads == 1 && budget == 1 && all.back().name == "packed 1t") continue;
+      all.emplace_back(fmt::format("packed {}t", threads), [&p, threads] {
+        fl::detail::packed_sgemm(p.a_t, p.b_t, p.m, p.n, p.k, 1.0f, p.pa(), p.lda(), p.pb(), p.ldb(), 0.0f, p.c.data(),
+                                 p.n, threads);
+      });
+    }
+  }
   for (int r = 0; r < rounds; ++r) {
     for (size_t j = 0; j < all.size(); ++j) {
       Record& rec = all[(j + static_cast<size_t>(r)) % all.size()];
@@ -134,21 +147,36 @@ void run(const Spec& s, int rounds, int calls, int budget) {
       do rec.call();
       while (Clock::now() < until);
       current = &rec;
+      const size_t before = rec.total_us.size();
       for (int i = 0; i < calls; ++i) {
         const auto t0 = Clock::now();
         rec.call();
         if (!rec.split) rec.total_us.push_back(us_since(t0, Clock::now()));
       }
+      rec.round_us.push_back(median(std::vector<double>(rec.total_us.begin() + static_cast<std::ptrdiff_t>(before), rec.total_us.end())));
     }
   }
   const double flops = p.flops();
   fmt::print("\n-- {}x{}x{}{}{}: medians of {} calls ({} rounds of {})\n", s.m, s.k, s.n, s.a_t ? " A^T" : "",
              s.b_t ? " B^T" : "", rounds * calls, rounds, calls);
-  fmt::print("   {:<22} {:>9} {:>8}   {:>9} {:>9} {:>9} {:>9} {:>10}\n", "variant", "total us", "GFLOP/s", "1st start",
-             "1st us", "2nd start", "2nd us", "2nd worker");
+  // Per round, each variant's time over flowlet gemm_into's (the current driver) in that round
+  // (a few ms apart, so both saw the same load): the median over rounds, with the lowest and highest.
+  const Record* current_driver = nullptr;
+  for (const Record& rec : all) {
+    if (rec.name == "flowlet gemm_into") current_driver = &rec;
+  }
+  auto versus_driver = [&](const Record& rec) {
+    std::vector<double> ratio;
+    for (size_t r = 0; r < rec.round_us.size(); ++r) ratio.push_back(rec.round_us[r] / current_driver->round_us[r]);
+    const auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
+    return fmt::format("{:>5.2f} [{:.2f}-{:.2f}]", median(ratio), *lo, *hi);
+  };
+  fmt::print("   {:<22} {:>9} {:>8}  {:>17}   {:>9} {:>9} {:>9} {:>9} {:>10}\n", "variant", "total us", "GFLOP/s",
+             "t / gemm_into", "1st start", "1st us", "2nd start", "2nd us", "2nd worker");
   for (Record& rec : all) {
     const double total = median(rec.total_us);
-    std::string line = fmt::format("   {:<22} {:>9.1f} {:>8.1f}", rec.name, total, flops / (total * 1e3));
+    std::string line = fmt::format("   {:<22} {:>9.1f} {:>8.1f}  {:>17}", rec.name, total, flops / (total * 1e3),
+                                   versus_driver(rec));
     if (!rec.start_us[0].empty()) {
       line += fmt::format("   {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>6}/{}", median(rec.start_us[0]), median(rec.piece_us[0]),
                           median(rec.start_us[1]), median(rec.piece_us[1]), rec.by_worker[1], rec.total_us.size());

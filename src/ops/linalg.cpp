@@ -3,7 +3,9 @@
 // tiny products run our own AVX2 loop instead (kernels/gemm_small.hpp; narrow f32 ones from 2^17
 // multiply-adds stay with oneDNN, faster there: thin_sgemm_beats_small), and so does a batch of at
 // most 8 rows times a transposed short-k B (dy @ W2^T, kernels/gemm_small_bt.hpp). A single big
-// product splits into guided pieces (kernels/gemm_split.hpp).
+// product splits into guided pieces (kernels/gemm_split.hpp), or, for the f32 shapes where it
+// measured faster, goes to our packed-panel driver that shares one packed B between the threads
+// (kernels/gemm_packed.hpp).
 // Transposed views go to BLAS as a transpose flag, not a copy; other strided inputs are copied once.
 // f16 and bf16 (storage types, as for elementwise ops) multiply as f32 copies with f32 accumulation
 // and round the result back once; CUDA does the same inside cuBLAS (CUBLAS_COMPUTE_32F).
@@ -24,6 +26,7 @@
 #include "kernels/blas_threads.hpp"
 #include "kernels/elementwise_loop.hpp"
 #include "kernels/gemm_outer.hpp"
+#include "kernels/gemm_packed.hpp"
 #include "kernels/gemm_small.hpp"
 #include "kernels/gemm_small_bt.hpp"
 #include "kernels/gemm_split.hpp"
@@ -254,6 +257,14 @@ void gemm_into(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double
   // (kernels/gemm_split.hpp) so that a late worker holds back little.
   const bool by_rows = m >= n;
   const int64_t extent = by_rows ? m : n;
+  const bool transpose_a = pa.transpose != CblasNoTrans, transpose_b = pb.transpose != CblasNoTrans;
+  if (batch == 1 && c.dtype() == f32 && packed_sgemm_pays(m, n, k, transpose_a, transpose_b, parts)) {
+    // Our packed-panel driver: B packed once and shared, fine tiles (kernels/gemm_packed.hpp).
+    packed_sgemm(transpose_a, transpose_b, m, n, k, static_cast<float>(alpha), reinterpret_cast<const float*>(pa.base),
+                 pa.leading, reinterpret_cast<const float*>(pb.base), pb.leading, static_cast<float>(beta),
+                 reinterpret_cast<float*>(pc), n, static_cast<int>(parts));
+    return;
+  }
   if (batch == 1) {
     // No piece under kGemmMinPiece rows, nor under a quarter of kGemmWorkPerThread multiply-adds
     // (far above OpenBLAS's small-matrix size, see kGemmAlign).
