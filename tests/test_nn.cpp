@@ -312,16 +312,8 @@ std::string cross_entropy_bits() {
 
 TEST_CASE("softmax_cross_entropy losses are bit-identical whatever the thread count") {
   // Each thread count in its own child process (the pool reads FLOWLET_NUM_THREADS once).
-  if (std::getenv("FLOWLET_TEST_LOSS_BITS") != nullptr) {
-    std::printf("BITS %s\n", cross_entropy_bits().c_str());
-    return;
-  }
-  const std::string here = cross_entropy_bits();
-  for (int threads : {1, 2, 3}) {
-    CAPTURE(threads);
-    CHECK(flowlet_test::bits_from_child("FLOWLET_TEST_LOSS_BITS",
-                                        "softmax_cross_entropy losses are bit-identical*", threads) == here);
-  }
+  flowlet_test::check_bits_across_thread_counts("FLOWLET_TEST_LOSS_BITS", "softmax_cross_entropy losses are bit-identical*",
+                                                cross_entropy_bits, {1, 2, 3});
 }
 
 TEST_CASE("softmax_cross_entropy passes infinities and NaN through as the f64 formula does") {

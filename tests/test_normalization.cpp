@@ -441,17 +441,8 @@ std::string normalization_bits() {
 TEST_CASE("f32 normalization results are bit-identical whatever the thread count") {
   // As test_reduce's: each thread count in its own child process (the pool reads
   // FLOWLET_NUM_THREADS once per process).
-  if (std::getenv("FLOWLET_TEST_NORM_BITS") != nullptr) {
-    std::printf("BITS %s\n", normalization_bits().c_str());
-    return;
-  }
-  const std::string here = normalization_bits();
-  for (int threads : {1, 2, 3, 5}) {
-    CAPTURE(threads);
-    CHECK(flowlet_test::bits_from_child("FLOWLET_TEST_NORM_BITS",
-                                        "f32 normalization results are bit-identical*",
-                                        threads) == here);
-  }
+  flowlet_test::check_bits_across_thread_counts("FLOWLET_TEST_NORM_BITS", "f32 normalization results are bit-identical*",
+                                                normalization_bits, {1, 2, 3, 5});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -244,16 +244,8 @@ std::string reduction_bits() {
 TEST_CASE("f32 sums and means are bit-identical whatever the thread count") {
   // In a child started below: print the bits and stop (the pool reads FLOWLET_NUM_THREADS once per
   // process, so each thread count needs its own process).
-  if (std::getenv("FLOWLET_TEST_REDUCE_BITS") != nullptr) {
-    std::printf("BITS %s\n", reduction_bits().c_str());
-    return;
-  }
-  const std::string here = reduction_bits();
-  for (int threads : {1, 2, 3, 5}) {
-    CAPTURE(threads);
-    CHECK(flowlet_test::bits_from_child("FLOWLET_TEST_REDUCE_BITS",
-                                        "f32 sums and means are bit-identical*", threads) == here);
-  }
+  flowlet_test::check_bits_across_thread_counts("FLOWLET_TEST_REDUCE_BITS", "f32 sums and means are bit-identical*",
+                                                reduction_bits, {1, 2, 3, 5});
 }
 
 // ---------------------------------------------------------------------------------------------

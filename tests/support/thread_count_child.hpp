@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include <doctest/doctest.h>
@@ -30,6 +32,22 @@ inline std::string bits_from_child(const char* marker, const char* test_case, in
   const size_t at = output.find("BITS ");
   REQUIRE(at != std::string::npos);
   return output.substr(at + 5, output.find('\n', at) - at - 5);
+}
+
+// A whole "bit-identical whatever the thread count" test case: in the child (marker set) print
+// bits() and stop; here compare bits() with what each thread count's child printed.
+template <class Bits>
+void check_bits_across_thread_counts(const char* marker, const char* test_case, Bits&& bits,
+                                     std::initializer_list<int> thread_counts) {
+  if (std::getenv(marker) != nullptr) {
+    std::printf("BITS %s\n", bits().c_str());
+    return;
+  }
+  const std::string here = bits();
+  for (int threads : thread_counts) {
+    CAPTURE(threads);
+    CHECK(bits_from_child(marker, test_case, threads) == here);
+  }
 }
 
 }  // namespace flowlet_test
